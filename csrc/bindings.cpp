@@ -1,0 +1,200 @@
+// Python bindings of the ops (module mlx_fpqmm._ext).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include "ops.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+nb::list format_table() {
+  nb::list table;
+  for (const auto& format : mlx_fpqmm::kFormats) {
+    nb::list group_sizes;
+    for (int size : format.group_sizes) {
+      group_sizes.append(size);
+    }
+    nb::dict entry;
+    entry["mode"] = std::string(format.name);
+    entry["codes"] =
+        format.codes == mlx_fpqmm::CodeKind::e2m1 ? "e2m1" : "e4m3";
+    entry["bits"] = format.bits;
+    entry["default_group_size"] = format.default_group_size;
+    entry["group_sizes"] = nb::tuple(group_sizes);
+    entry["scales"] = format.scales == mlx_fpqmm::ScaleKind::e8m0   ? "e8m0"
+                      : format.scales == mlx_fpqmm::ScaleKind::e4m3 ? "e4m3"
+                                                                    : "float";
+    table.append(entry);
+  }
+  return table;
+}
+
+}  // namespace
+
+NB_MODULE(_ext, m) {
+  m.doc() = "fp4 / fp8 quantized matrix multiplication for MLX";
+
+  m.def("formats", &format_table, "The format table: one dict per mode.");
+
+  m.def(
+      "fp4_qmm",
+      &mlx_fpqmm::fp4_qmm,
+      nb::arg(),
+      nb::arg(),
+      "scales"_a,
+      "transpose"_a = true,
+      "group_size"_a = nb::none(),
+      "mode"_a = "mxfp4",
+      nb::kw_only(),
+      "global_scale"_a = nb::none(),
+      "stream"_a = nb::none(),
+      nb::sig(
+          "def fp4_qmm(x: array, w: array, /, scales: array, "
+          "transpose: bool = True, group_size: Optional[int] = None, "
+          "mode: str = 'mxfp4', *, global_scale: Optional[array] = None, "
+          "stream: Union[None, Stream, Device] = None) -> array"),
+      R"pbdoc(
+        Multiply ``x`` with an fp4 (E2M1) quantized matrix ``w``.
+
+        Computes ``x @ dequantize(w).T`` (or ``x @ dequantize(w)`` when
+        ``transpose`` is ``False``) without materialising the dequantized
+        matrix. The result has the dtype of ``x``.
+
+        Args:
+            x (array): Input of float32, float16 or bfloat16 with any number
+              of leading dimensions.
+            w (array): Packed uint32 codes, 8 per word, as produced by
+              :func:`quantize` or ``mx.quantize``.
+            scales (array): One scale per group: uint8 E8M0 (``mxfp4``),
+              uint8 E4M3 (``nvfp4``) or a float dtype (``fp4``).
+            transpose (bool, optional): Multiply with the transpose of ``w``.
+              Default: ``True``.
+            group_size (int, optional): Elements per scale. Default: the
+              mode's (32 for ``mxfp4`` and ``fp4``, 16 for ``nvfp4``).
+            mode (str, optional): ``"mxfp4"``, ``"nvfp4"`` or ``"fp4"``.
+              Default: ``"mxfp4"``.
+            global_scale (array, optional): ``nvfp4`` only: the float32 tensor
+              scale used at quantization; the result is multiplied by
+              ``global_scale / 2688`` as ``mx.dequantize`` does.
+
+        Returns:
+            array: ``x.shape[:-1] + (N,)``.
+      )pbdoc");
+
+  m.def(
+      "fp8_qmm",
+      &mlx_fpqmm::fp8_qmm,
+      nb::arg(),
+      nb::arg(),
+      "scales"_a,
+      "transpose"_a = true,
+      "group_size"_a = nb::none(),
+      "mode"_a = "mxfp8",
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      nb::sig(
+          "def fp8_qmm(x: array, w: array, /, scales: array, "
+          "transpose: bool = True, group_size: Optional[int] = None, "
+          "mode: str = 'mxfp8', *, "
+          "stream: Union[None, Stream, Device] = None) -> array"),
+      R"pbdoc(
+        Multiply ``x`` with an fp8 (E4M3) quantized matrix ``w``.
+
+        Computes ``x @ dequantize(w).T`` (or ``x @ dequantize(w)`` when
+        ``transpose`` is ``False``). The result has the dtype of ``x``.
+
+        Args:
+            x (array): Input of float32, float16 or bfloat16.
+            w (array): Packed uint32 codes, 4 per word.
+            scales (array): One scale per group: uint8 E8M0 (``mxfp8``) or a
+              float dtype (``fp8``).
+            transpose (bool, optional): Multiply with the transpose of ``w``.
+              Default: ``True``.
+            group_size (int, optional): Elements per scale. Default: 32.
+            mode (str, optional): ``"mxfp8"`` or ``"fp8"``. Default:
+              ``"mxfp8"``.
+
+        Returns:
+            array: ``x.shape[:-1] + (N,)``.
+      )pbdoc");
+
+  m.def(
+      "quantized_matmul",
+      &mlx_fpqmm::quantized_matmul,
+      nb::arg(),
+      nb::arg(),
+      "scales"_a,
+      "biases"_a = nb::none(),
+      "transpose"_a = true,
+      "group_size"_a = nb::none(),
+      "bits"_a = nb::none(),
+      "mode"_a = "affine",
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      nb::sig(
+          "def quantized_matmul(x: array, w: array, /, scales: array, "
+          "biases: Optional[array] = None, transpose: bool = True, "
+          "group_size: Optional[int] = None, bits: Optional[int] = None, "
+          "mode: str = 'affine', *, "
+          "stream: Union[None, Stream, Device] = None) -> array"),
+      R"pbdoc(
+        Drop-in replacement for ``mx.quantized_matmul``.
+
+        The fp modes (``mxfp4``, ``nvfp4``, ``mxfp8``, ``fp4``, ``fp8``) run
+        on mlx_fpqmm's kernels; ``affine`` is passed to MLX unchanged.
+      )pbdoc");
+
+  m.def(
+      "quantize",
+      &mlx_fpqmm::quantize,
+      nb::arg(),
+      "group_size"_a = nb::none(),
+      nb::kw_only(),
+      "mode"_a,
+      "global_scale"_a = nb::none(),
+      "stream"_a = nb::none(),
+      nb::sig(
+          "def quantize(w: array, /, group_size: Optional[int] = None, *, "
+          "mode: str, global_scale: Optional[array] = None, "
+          "stream: Union[None, Stream, Device] = None) -> list[array]"),
+      R"pbdoc(
+        Quantize ``w`` along its last axis.
+
+        For ``mxfp4``, ``nvfp4`` and ``mxfp8`` this is ``mx.quantize``. For
+        ``fp4`` and ``fp8`` each group's scale is ``max|w| / 6`` (fp4) or
+        ``max|w| / 448`` (fp8) in ``w``'s dtype and ``w / scale`` is rounded
+        to the nearest code, ties to even.
+
+        Returns:
+            list(array): ``[w_q, scales]``.
+      )pbdoc");
+
+  m.def(
+      "dequantize",
+      &mlx_fpqmm::dequantize,
+      nb::arg(),
+      "scales"_a,
+      "group_size"_a = nb::none(),
+      nb::kw_only(),
+      "mode"_a,
+      "global_scale"_a = nb::none(),
+      "dtype"_a = nb::none(),
+      "stream"_a = nb::none(),
+      nb::sig(
+          "def dequantize(w: array, /, scales: array, "
+          "group_size: Optional[int] = None, *, mode: str, "
+          "global_scale: Optional[array] = None, "
+          "dtype: Optional[Dtype] = None, "
+          "stream: Union[None, Stream, Device] = None) -> array"),
+      R"pbdoc(
+        Dequantize ``w`` produced by :func:`quantize`.
+
+        For MLX's modes this is ``mx.dequantize`` (default dtype bfloat16);
+        for ``fp4`` and ``fp8`` the default dtype is that of ``scales``.
+      )pbdoc");
+}

@@ -1,0 +1,504 @@
+#include "ops.h"
+
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+
+#include "mlx/ops.h"
+
+#include "primitives.h"
+
+namespace mlx_fpqmm {
+
+namespace {
+
+std::string shape_string(const mx::Shape& shape) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    os << (i ? "," : "") << shape[i];
+  }
+  os << ")";
+  return os.str();
+}
+
+std::string dtype_string(mx::Dtype dtype) {
+  std::ostringstream os;
+  os << dtype;
+  return os.str();
+}
+
+[[noreturn]] void fail(std::string_view op, const std::string& message) {
+  throw std::invalid_argument("[" + std::string(op) + "] " + message);
+}
+
+bool is_supported_float(mx::Dtype dtype) {
+  return dtype == mx::float32 || dtype == mx::float16 || dtype == mx::bfloat16;
+}
+
+const Format& resolve_format(
+    std::string_view op,
+    const std::string& mode,
+    std::initializer_list<Mode> allowed) {
+  auto parsed = mode_from_name(mode);
+  for (Mode candidate : allowed) {
+    if (parsed == candidate) {
+      return format_for(candidate);
+    }
+  }
+  std::string names;
+  for (Mode candidate : allowed) {
+    names +=
+        (names.empty() ? "" : ", ") + std::string(format_for(candidate).name);
+  }
+  fail(op, "Invalid mode '" + mode + "'; expected one of: " + names + ".");
+}
+
+int resolve_group_size(
+    std::string_view op, const Format& format, std::optional<int> group_size) {
+  int resolved = group_size.value_or(format.default_group_size);
+  if (!format.allows_group_size(resolved)) {
+    std::string allowed;
+    for (int size : format.group_sizes) {
+      allowed += (allowed.empty() ? "" : ", ") + std::to_string(size);
+    }
+    fail(
+        op,
+        "group_size=" + std::to_string(resolved) +
+            " is not supported for mode '" + std::string(format.name) +
+            "'; expected one of: " + allowed + ".");
+  }
+  return resolved;
+}
+
+void check_scales_dtype(
+    std::string_view op, const Format& format, const mx::array& scales) {
+  if (format.scales == ScaleKind::floating) {
+    if (!is_supported_float(scales.dtype())) {
+      fail(
+          op,
+          "scales for mode '" + std::string(format.name) +
+              "' must be float32, float16 or bfloat16 but received " +
+              dtype_string(scales.dtype()) + ".");
+    }
+  } else if (scales.dtype() != mx::uint8) {
+    fail(
+        op,
+        "scales for mode '" + std::string(format.name) +
+            "' must be uint8 but received " + dtype_string(scales.dtype()) +
+            ".");
+  }
+}
+
+// Checks w and scales against each other; returns the length of w's quantized
+// (last) axis in elements.
+int check_packed_weights(
+    std::string_view op,
+    const Format& format,
+    int group_size,
+    const mx::array& w,
+    const mx::array& scales) {
+  if (w.dtype() != mx::uint32) {
+    fail(
+        op,
+        "w must be uint32 (packed codes) but received " +
+            dtype_string(w.dtype()) + ".");
+  }
+  if (w.ndim() < 2) {
+    fail(
+        op,
+        "w must have at least 2 dimensions but received shape " +
+            shape_string(w.shape()) + ".");
+  }
+  check_scales_dtype(op, format, scales);
+  int quantized_length = w.shape(-1) * format.elements_per_word();
+  if (quantized_length % group_size != 0) {
+    fail(
+        op,
+        "The quantized axis of w has " + std::to_string(quantized_length) +
+            " elements, which is not a multiple of group_size=" +
+            std::to_string(group_size) + ".");
+  }
+  auto expected = w.shape();
+  expected.back() = quantized_length / group_size;
+  if (scales.shape() != expected) {
+    fail(
+        op,
+        "scales must have shape " + shape_string(expected) +
+            " for w of shape " + shape_string(w.shape()) +
+            " with group_size=" + std::to_string(group_size) + " and mode '" +
+            std::string(format.name) + "' but received " +
+            shape_string(scales.shape()) + ".");
+  }
+  return quantized_length;
+}
+
+void check_global_scale(
+    std::string_view op,
+    const Format& format,
+    const std::optional<mx::array>& global_scale) {
+  if (!global_scale) {
+    return;
+  }
+  if (format.mode != Mode::nvfp4) {
+    fail(
+        op,
+        "global_scale is only supported for mode 'nvfp4' but mode is '" +
+            std::string(format.name) + "'.");
+  }
+  if (global_scale->dtype() != mx::float32) {
+    fail(
+        op,
+        "global_scale must be float32 but received " +
+            dtype_string(global_scale->dtype()) + ".");
+  }
+  if (global_scale->ndim() > 1 || global_scale->size() != 1) {
+    fail(
+        op,
+        "global_scale must hold one value (shape () or (1,)) but received "
+        "shape " +
+            shape_string(global_scale->shape()) + ".");
+  }
+}
+
+mx::Shape batch_shape(const mx::array& a) {
+  return mx::Shape(a.shape().begin(), a.shape().end() - 2);
+}
+
+mx::Shape with_batch(const mx::Shape& batch, const mx::array& a) {
+  mx::Shape shape = batch;
+  shape.insert(shape.end(), a.shape().end() - 2, a.shape().end());
+  return shape;
+}
+
+mx::array fp_qmm_checked(
+    std::string_view op,
+    mx::array x,
+    mx::array w,
+    mx::array scales,
+    const std::optional<mx::array>& global_scale,
+    const Format& format,
+    std::optional<int> group_size,
+    bool transpose,
+    mx::StreamOrDevice s) {
+  int resolved_group_size = resolve_group_size(op, format, group_size);
+  if (!is_supported_float(x.dtype())) {
+    fail(
+        op,
+        "x must be float32, float16 or bfloat16 but received " +
+            dtype_string(x.dtype()) + ".");
+  }
+  if (x.ndim() == 0) {
+    fail(op, "x must have at least 1 dimension but received a 0-d array.");
+  }
+  int quantized_length =
+      check_packed_weights(op, format, resolved_group_size, w, scales);
+  check_global_scale(op, format, global_scale);
+  int K = transpose ? quantized_length : w.shape(-2);
+  if (x.shape(-1) != K) {
+    fail(
+        op,
+        "The last dimension of x (" + std::to_string(x.shape(-1)) +
+            ") must equal K=" + std::to_string(K) + " of w with shape " +
+            shape_string(w.shape()) +
+            " (transpose=" + (transpose ? "True" : "False") + ").");
+  }
+
+  auto stream = mx::to_stream(s);
+  bool vector_input = x.ndim() == 1;
+  if (vector_input) {
+    x = mx::expand_dims(x, 0, stream);
+  }
+  if (w.ndim() > 2) {
+    mx::Shape batch;
+    try {
+      batch = mx::broadcast_shapes(batch_shape(x), batch_shape(w));
+    } catch (const std::invalid_argument&) {
+      fail(
+          op,
+          "The batch dimensions of x " + shape_string(batch_shape(x)) +
+              " and w " + shape_string(batch_shape(w)) +
+              " cannot be broadcast.");
+    }
+    x = mx::broadcast_to(x, with_batch(batch, x), stream);
+    w = mx::broadcast_to(w, with_batch(batch, w), stream);
+    scales = mx::broadcast_to(scales, with_batch(batch, scales), stream);
+  }
+  auto out = fp_qmm_unchecked(
+      x,
+      w,
+      scales,
+      global_scale,
+      format.mode,
+      resolved_group_size,
+      transpose,
+      stream);
+  return vector_input ? mx::squeeze(out, -2, stream) : out;
+}
+
+}  // namespace
+
+mx::array fp_qmm_unchecked(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& global_scale,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    mx::Stream stream) {
+  std::vector<mx::array> inputs = {x, w, scales};
+  if (global_scale) {
+    inputs.push_back(*global_scale);
+  }
+  auto primitive =
+      std::make_shared<FpQuantizedMatmul>(stream, mode, group_size, transpose);
+  auto shape = primitive->output_shapes(inputs)[0];
+  return mx::array(std::move(shape), x.dtype(), primitive, std::move(inputs));
+}
+
+mx::array fp4_qmm(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    bool transpose,
+    std::optional<int> group_size,
+    const std::string& mode,
+    const std::optional<mx::array>& global_scale,
+    mx::StreamOrDevice s) {
+  constexpr std::string_view op = "fp4_qmm";
+  const auto& format =
+      resolve_format(op, mode, {Mode::mxfp4, Mode::nvfp4, Mode::fp4});
+  return fp_qmm_checked(
+      op, x, w, scales, global_scale, format, group_size, transpose, s);
+}
+
+mx::array fp8_qmm(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    bool transpose,
+    std::optional<int> group_size,
+    const std::string& mode,
+    mx::StreamOrDevice s) {
+  constexpr std::string_view op = "fp8_qmm";
+  const auto& format = resolve_format(op, mode, {Mode::mxfp8, Mode::fp8});
+  return fp_qmm_checked(
+      op, x, w, scales, std::nullopt, format, group_size, transpose, s);
+}
+
+mx::array quantized_matmul(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& biases,
+    bool transpose,
+    std::optional<int> group_size,
+    std::optional<int> bits,
+    const std::string& mode,
+    mx::StreamOrDevice s) {
+  if (mode == "affine") {
+    return mx::quantized_matmul(
+        x, w, scales, biases, transpose, group_size, bits, mode, s);
+  }
+  constexpr std::string_view op = "quantized_matmul";
+  const auto& format = resolve_format(
+      op, mode, {Mode::mxfp4, Mode::nvfp4, Mode::mxfp8, Mode::fp4, Mode::fp8});
+  if (biases) {
+    fail(op, "biases must be None for quantization mode '" + mode + "'.");
+  }
+  if (bits && *bits != format.bits) {
+    fail(
+        op,
+        "bits=" + std::to_string(*bits) + " is not supported for mode '" +
+            mode + "'; expected " + std::to_string(format.bits) + ".");
+  }
+  return fp_qmm_checked(
+      op, x, w, scales, std::nullopt, format, group_size, transpose, s);
+}
+
+namespace {
+
+const std::initializer_list<Mode> kAllModes = {
+    Mode::mxfp4, Mode::nvfp4, Mode::mxfp8, Mode::fp4, Mode::fp8};
+
+// Nearest E2M1 code with ties to even: each threshold that |v| passes adds one
+// to the magnitude code (0, 0.5, 1, 1.5, 2, 3, 4, 6); the comparison is strict
+// where the tie must round down to the even code.
+mx::array e2m1_codes(const mx::array& v, mx::Stream s) {
+  struct Threshold {
+    float value;
+    bool inclusive;
+  };
+  constexpr Threshold thresholds[] = {
+      {0.25f, false},
+      {0.75f, true},
+      {1.25f, false},
+      {1.75f, true},
+      {2.5f, false},
+      {3.5f, true},
+      {5.0f, false}};
+  auto magnitude = mx::abs(v, s);
+  auto codes = mx::zeros(v.shape(), mx::uint8, s);
+  for (auto [value, inclusive] : thresholds) {
+    auto passed = inclusive ? mx::greater_equal(magnitude, mx::array(value), s)
+                            : mx::greater(magnitude, mx::array(value), s);
+    codes = mx::add(codes, mx::astype(passed, mx::uint8, s), s);
+  }
+  auto sign = mx::astype(mx::less(v, mx::array(0.0f), s), mx::uint8, s);
+  return mx::add(codes, mx::multiply(sign, mx::array(8, mx::uint8), s), s);
+}
+
+std::vector<mx::array> quantize_float_scales(
+    const mx::array& w, const Format& format, int group_size, mx::Stream s) {
+  constexpr std::string_view op = "quantize";
+  if (!is_supported_float(w.dtype())) {
+    fail(
+        op,
+        "w must be float32, float16 or bfloat16 but received " +
+            dtype_string(w.dtype()) + ".");
+  }
+  if (w.ndim() < 2) {
+    fail(
+        op,
+        "w must have at least 2 dimensions but received shape " +
+            shape_string(w.shape()) + ".");
+  }
+  int K = w.shape(-1);
+  if (K % group_size != 0) {
+    fail(
+        op,
+        "The last dimension of w (" + std::to_string(K) +
+            ") must be a multiple of group_size=" + std::to_string(group_size) +
+            ".");
+  }
+  auto grouped_shape = w.shape();
+  grouped_shape.back() = K / group_size;
+  grouped_shape.push_back(group_size);
+  auto grouped = mx::reshape(w, grouped_shape, s);
+  float code_max = format.codes == CodeKind::e2m1 ? 6.0f : 448.0f;
+  auto scales = mx::divide(
+      mx::max(mx::abs(grouped, s), -1, true, s),
+      mx::array(code_max, w.dtype()),
+      s);
+  auto scales_f32 = mx::astype(scales, mx::float32, s);
+  auto divisor = mx::where(
+      mx::equal(scales_f32, mx::array(0.0f), s),
+      mx::array(1.0f),
+      scales_f32,
+      s);
+  auto scaled = mx::reshape(
+      mx::divide(mx::astype(grouped, mx::float32, s), divisor, s),
+      w.shape(),
+      s);
+
+  mx::array bytes = scaled;
+  if (format.codes == CodeKind::e2m1) {
+    auto codes = e2m1_codes(scaled, s);
+    auto pair_shape = w.shape();
+    pair_shape.back() = K / 2;
+    pair_shape.push_back(2);
+    auto pairs = mx::split(mx::reshape(codes, pair_shape, s), 2, -1, s);
+    bytes = mx::squeeze(
+        mx::bitwise_or(
+            pairs[0], mx::left_shift(pairs[1], mx::array(4, mx::uint8), s), s),
+        -1,
+        s);
+  } else {
+    bytes = mx::to_fp8(scaled, s);
+  }
+  auto packed = mx::view(mx::contiguous(bytes, false, s), mx::uint32, s);
+  return {packed, mx::squeeze(scales, -1, s)};
+}
+
+mx::array dequantize_float_scales(
+    const mx::array& w,
+    const mx::array& scales,
+    const Format& format,
+    int group_size,
+    std::optional<mx::Dtype> dtype,
+    mx::Stream s) {
+  constexpr std::string_view op = "dequantize";
+  int K = check_packed_weights(op, format, group_size, w, scales);
+  auto out_dtype = dtype.value_or(scales.dtype());
+  if (!is_supported_float(out_dtype)) {
+    fail(
+        op,
+        "dtype must be float32, float16 or bfloat16 but received " +
+            dtype_string(out_dtype) + ".");
+  }
+  auto bytes = mx::view(w, mx::uint8, s);
+  mx::array codes = bytes;
+  if (format.codes == CodeKind::e2m1) {
+    auto low = mx::bitwise_and(bytes, mx::array(0xF, mx::uint8), s);
+    auto high = mx::right_shift(bytes, mx::array(4, mx::uint8), s);
+    auto shape = w.shape();
+    shape.back() = K;
+    codes = mx::reshape(mx::stack({low, high}, -1, s), shape, s);
+  }
+  auto table = code_values(format.codes);
+  auto values = mx::take(
+      mx::array(table.data(), {static_cast<int>(table.size())}, mx::float32),
+      codes,
+      s);
+  auto grouped_shape = w.shape();
+  grouped_shape.back() = K / group_size;
+  grouped_shape.push_back(group_size);
+  auto scaled = mx::multiply(
+      mx::reshape(values, grouped_shape, s),
+      mx::expand_dims(mx::astype(scales, mx::float32, s), -1, s),
+      s);
+  auto shape = w.shape();
+  shape.back() = K;
+  return mx::astype(mx::reshape(scaled, shape, s), out_dtype, s);
+}
+
+}  // namespace
+
+std::vector<mx::array> quantize(
+    const mx::array& w,
+    std::optional<int> group_size,
+    const std::string& mode,
+    const std::optional<mx::array>& global_scale,
+    mx::StreamOrDevice s) {
+  constexpr std::string_view op = "quantize";
+  const auto& format = resolve_format(op, mode, kAllModes);
+  int resolved_group_size = resolve_group_size(op, format, group_size);
+  check_global_scale(op, format, global_scale);
+  if (format.scales != ScaleKind::floating) {
+    return mx::quantize(
+        w, resolved_group_size, format.bits, mode, global_scale, s);
+  }
+  return quantize_float_scales(
+      w, format, resolved_group_size, mx::to_stream(s));
+}
+
+mx::array dequantize(
+    const mx::array& w,
+    const mx::array& scales,
+    std::optional<int> group_size,
+    const std::string& mode,
+    const std::optional<mx::array>& global_scale,
+    std::optional<mx::Dtype> dtype,
+    mx::StreamOrDevice s) {
+  constexpr std::string_view op = "dequantize";
+  const auto& format = resolve_format(op, mode, kAllModes);
+  int resolved_group_size = resolve_group_size(op, format, group_size);
+  check_global_scale(op, format, global_scale);
+  if (format.scales != ScaleKind::floating) {
+    return mx::dequantize(
+        w,
+        scales,
+        std::nullopt,
+        resolved_group_size,
+        format.bits,
+        mode,
+        global_scale,
+        dtype,
+        s);
+  }
+  return dequantize_float_scales(
+      w, scales, format, resolved_group_size, dtype, mx::to_stream(s));
+}
+
+}  // namespace mlx_fpqmm

@@ -1,0 +1,52 @@
+// FpQuantizedMatmul: x @ dequant(w).T (or x @ dequant(w)) for the fp formats.
+// Inputs: x, w, scales and, for nvfp4 with a global scale, global_scale.
+#pragma once
+
+#include "mlx/primitives.h"
+
+#include "formats.h"
+
+namespace mlx_fpqmm {
+
+namespace mx = mlx::core;
+
+class FpQuantizedMatmul : public mx::UnaryPrimitive {
+ public:
+  FpQuantizedMatmul(
+      mx::Stream stream, Mode mode, int group_size, bool transpose)
+      : mx::UnaryPrimitive(stream),
+        mode_(mode),
+        group_size_(group_size),
+        transpose_(transpose) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  std::vector<mx::array> vjp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& cotangents,
+      const std::vector<int>& argnums,
+      const std::vector<mx::array>& outputs) override;
+  std::vector<mx::array> jvp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& tangents,
+      const std::vector<int>& argnums) override;
+
+  const char* name() const override {
+    return "FpQuantizedMatmul";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(
+      const std::vector<mx::array>& inputs) override;
+
+  auto state() const {
+    return std::make_tuple(mode_, group_size_, transpose_);
+  }
+
+ private:
+  Mode mode_;
+  int group_size_;
+  bool transpose_;
+};
+
+}  // namespace mlx_fpqmm

@@ -1,0 +1,35 @@
+"""Fast fp4 (E2M1) and fp8 (E4M3) quantized matrix multiplication for MLX."""
+
+import mlx.core as mx  # loads libmlx and registers its types before _ext
+
+from ._build_info import MLX_VERSION as _BUILT_WITH_MLX
+
+if mx.__version__ != _BUILT_WITH_MLX:
+    raise ImportError(
+        f"mlx_fpqmm was built against mlx {_BUILT_WITH_MLX} but mlx "
+        f"{mx.__version__} is installed; reinstall one of them so they match, "
+        f"e.g. `pip install 'mlx=={_BUILT_WITH_MLX}'` or rebuild mlx_fpqmm with "
+        "`pip install --force-reinstall --no-cache-dir mlx-fpqmm`."
+    )
+
+from ._ext import (  # noqa: E402
+    dequantize,
+    formats,
+    fp4_qmm,
+    fp8_qmm,
+    quantize,
+    quantized_matmul,
+)
+
+FORMATS: dict[str, dict] = {entry["mode"]: entry for entry in formats()}
+"""The format table, keyed by mode (codes, bits, group sizes, scale kind)."""
+
+__all__ = [
+    "FORMATS",
+    "dequantize",
+    "fp4_qmm",
+    "fp8_qmm",
+    "formats",
+    "quantize",
+    "quantized_matmul",
+]
