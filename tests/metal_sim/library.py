@@ -1,0 +1,206 @@
+"""Library: compile .metal sources for the simulator and dispatch kernels."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import toolchain
+from .rewrite import RewriteError, TranslationUnit
+
+BufferValue = np.ndarray | np.generic | bytes
+ALIGNMENT = 64
+DEFAULT_TIMEOUT = 120.0
+
+
+class KernelError(Exception):
+    """A bug the simulator detected while running a kernel; names file:line."""
+
+
+class MetalCompileError(Exception):
+    """A .metal source did not compile (message holds clang's diagnostics)."""
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    counters: dict[str, Any]
+
+
+def _constant_text(value: bool | int | float | np.generic) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return "1" if value else "0"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return repr(float(value))
+    raise TypeError(f"function constant values must be bool, int or float, not {type(value).__name__}")
+
+
+def _buffer_bytes(index: int, value: BufferValue) -> tuple[bool, memoryview]:
+    """(is set_bytes, contents) of one binding."""
+    if isinstance(value, np.ndarray):
+        if not value.flags.c_contiguous:
+            raise ValueError(f"buffer {index}: device buffers must be C-contiguous arrays")
+        return False, memoryview(value.reshape(-1).view(np.uint8))
+    if isinstance(value, np.generic):
+        return True, memoryview(value.tobytes())
+    if isinstance(value, (bytes, bytearray)):
+        return True, memoryview(bytes(value))
+    raise TypeError(
+        f"buffer {index}: pass a NumPy array (device buffer), a NumPy scalar or bytes (set_bytes), "
+        f"not {type(value).__name__}"
+    )
+
+
+class Library:
+    """The kernels instantiated in `sources`, compiled for the CPU simulator."""
+
+    def __init__(
+        self,
+        sources: Sequence[str | os.PathLike[str]],
+        include_dirs: Sequence[str | os.PathLike[str]] = (),
+        defines: Mapping[str, str | int] | None = None,
+    ) -> None:
+        self.sources = [Path(s).resolve() for s in sources]
+        self.include_dirs = [Path(d).resolve() for d in include_dirs]
+        self.defines = {**toolchain.METAL_DEFINES, **{k: str(v) for k, v in (defines or {}).items()}}
+        units = [self._translate(source) for source in self.sources]
+        self.names: list[str] = [k.host_name for unit in units for k in unit.kernels]
+        objects = [self._compile(source, unit) for source, unit in zip(self.sources, units, strict=True)]
+        self.executable = self._link([*objects, *toolchain.runtime_objects()])
+
+    def _translate(self, source: Path) -> TranslationUnit:
+        command = [
+            *toolchain.clang(),
+            "-E",
+            "-x",
+            "c++",
+            "-std=c++20",
+            f"-isystem{toolchain.SHIM_INCLUDE}",
+            *(f"-I{d}" for d in self.include_dirs),
+            *(f"-D{k}={v}" for k, v in self.defines.items()),
+            str(source),
+        ]
+        result = toolchain.run_compiler(command, toolchain.clang_env())
+        if result.returncode != 0:
+            raise MetalCompileError(f"{source}: preprocessing failed:\n{result.stderr}")
+        try:
+            return TranslationUnit(result.stdout)
+        except RewriteError as error:
+            raise MetalCompileError(f"{source}: {error}") from error
+
+    def _compile(self, source: Path, unit: TranslationUnit) -> Path:
+        flags = [
+            *toolchain.KERNEL_FLAGS,
+            f"-isystem{toolchain.SHIM_INCLUDE}",
+            "-include",
+            "msim/address_spaces.h",
+        ]
+        address_spaces = (toolchain.SHIM_INCLUDE / "msim" / "address_spaces.h").read_bytes()
+        key = toolchain.digest("kernels", unit.text, address_spaces, *flags, toolchain.clang_version())
+
+        def build(output: Path) -> None:
+            rewritten = output.with_suffix(".cpp")
+            rewritten.write_text(unit.text)
+            command = [*toolchain.clang(), *flags, "-x", "c++", "-c", str(rewritten), "-o", str(output)]
+            result = toolchain.run_compiler(command, toolchain.clang_env())
+            rewritten.unlink()
+            if result.returncode != 0:
+                raise MetalCompileError(f"{source} does not compile for the simulator:\n{result.stderr}")
+
+        return toolchain.cached_build(key, ".o", build)
+
+    def _link(self, objects: list[Path]) -> Path:
+        key = toolchain.digest("executable", *(o.name for o in objects), *toolchain.LINK_FLAGS)
+
+        def build(output: Path) -> None:
+            command = [toolchain.gxx(), *map(str, objects), "-o", str(output), *toolchain.LINK_FLAGS]
+            toolchain.check(toolchain.run_compiler(command))
+
+        return toolchain.cached_build(key, "", build)
+
+    def dispatch(
+        self,
+        name: str,
+        buffers: Mapping[int, BufferValue],
+        grid: tuple[int, int, int],
+        threadgroup: tuple[int, int, int],
+        threadgroup_memory: Mapping[int, int] | None = None,
+        constants: Mapping[int, bool | int | float | np.generic] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> DispatchResult:
+        """Runs `name` over `grid` threadgroups of `threadgroup` threads.
+
+        NumPy arrays are device buffers and receive the kernel's writes;
+        NumPy scalars and bytes are set_bytes values (read-only).
+        """
+        if name not in self.names:
+            raise KeyError(f"no kernel {name!r}; the library has {self.names}")
+        bindings = {index: _buffer_bytes(index, value) for index, value in sorted(buffers.items())}
+        offsets, total = {}, 0
+        for index, (_, contents) in bindings.items():
+            offsets[index] = total
+            total += (contents.nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+        request = [f"kernel {name}", "grid {} {} {}".format(*grid), "threadgroup {} {} {}".format(*threadgroup)]
+        for index, (is_bytes, contents) in bindings.items():
+            kind = "bytes" if is_bytes else "device"
+            request.append(f"buffer {index} {kind} {offsets[index]} {contents.nbytes}")
+        request += [f"threadgroup_memory {i} {n}" for i, n in (threadgroup_memory or {}).items()]
+        request += [f"constant {i} {_constant_text(v)}" for i, v in (constants or {}).items()]
+
+        shm = Path("/dev/shm")
+        with tempfile.NamedTemporaryFile(dir=shm if shm.is_dir() else None, prefix="metal_sim_") as data:
+            data.truncate(max(total, 1))
+            with mmap.mmap(data.fileno(), max(total, 1)) as view:
+                for index, (_, contents) in bindings.items():
+                    view[offsets[index]:offsets[index] + contents.nbytes] = contents
+                report = self._run("\n".join([*request, f"data {data.name}", ""]), timeout)
+                for index, (is_bytes, contents) in bindings.items():
+                    if not is_bytes:
+                        contents[:] = view[offsets[index]:offsets[index] + contents.nbytes]
+        return DispatchResult(report["counters"])
+
+    def _run(self, request: str, timeout: float) -> dict[str, Any]:
+        try:
+            result = subprocess.run(
+                [str(self.executable)], input=request, capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired as error:
+            raise KernelError(
+                f"dispatch timed out after {timeout} s: a thread spins waiting for memory that other "
+                "threads of its threadgroup never write before a barrier (deadlock)?"
+            ) from error
+        lines = result.stdout.strip().splitlines()
+        if not lines:
+            raise KernelError(f"simulator died without a report (exit {result.returncode}):\n{result.stderr}")
+        report = json.loads(lines[-1])
+        if report["status"] != "ok":
+            raise KernelError(self._describe(report))
+        counters = report["counters"]
+        counters["buffers"] = {int(k): v for k, v in counters["buffers"].items()}
+        return report
+
+    def _describe(self, report: dict[str, Any]) -> str:
+        location = f"{report['file']}:{report['line']}" if "file" in report else None
+        if "pc" in report:
+            location = self._symbolize(report["pc"])
+        return f"{location}: {report['message']}" if location else report["message"]
+
+    def _symbolize(self, pc: int) -> str:
+        """file:line of `pc`, skipping frames inlined from the shim and libc++."""
+        result = subprocess.run(
+            [toolchain.addr2line(), "-i", "-e", str(self.executable), hex(pc)], capture_output=True, text=True
+        )
+        frames = [line.split(" (discriminator")[0] for line in result.stdout.splitlines()]
+        shim = str(toolchain.SHIM_INCLUDE)
+        user = [f for f in frames if not f.startswith(shim) and "/libcxx/" not in f and "/c++/" not in f]
+        return (user or frames or ["<unknown location>"])[0]

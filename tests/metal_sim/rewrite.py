@@ -1,0 +1,287 @@
+"""Source rewriting: preprocessed MSL -> C++ for the shim.
+
+Works on `clang -E` output. Only text from the project's own files is
+rewritten (line markers tell which file a line came from; the shim and
+libc++ are system headers). Every rewrite keeps the line structure, so
+clang's diagnostics and the debug line tables still name .metal lines.
+
+Rewrites:
+* float literals: unsuffixed -> float (`1.5` -> `1.5f`), `1.5h` -> half,
+  `1.5bf` -> bfloat;
+* vector constructors `float4(a, b)`, `vec<T, 4>(x)` -> `make_vec<...>(...)`
+  (clang's own vector casts would reinterpret bits);
+* `threadgroup T name[N];` inside functions -> a reference to one array per
+  threadgroup;
+* `[[function_constant(i)]]` globals -> initialised from the dispatch;
+* kernels (`[[kernel]]` functions and `[[host_name]]` instantiations) ->
+  generated entry points that bind parameters by their attributes;
+* all remaining `[[...]]` attributes are removed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+BUILTINS = {
+    "thread_position_in_grid",
+    "thread_position_in_threadgroup",
+    "threadgroup_position_in_grid",
+    "threads_per_threadgroup",
+    "threadgroups_per_grid",
+    "threads_per_grid",
+    "thread_index_in_threadgroup",
+    "thread_index_in_simdgroup",
+    "simdgroup_index_in_threadgroup",
+    "threads_per_simdgroup",
+    "simdgroups_per_threadgroup",
+    "thread_index_in_quadgroup",
+    "quadgroup_index_in_threadgroup",
+}
+
+LINE_MARKER = re.compile(r'^# (\d+) "((?:[^"\\]|\\.)*)"(.*)$')
+STRING_OR_CHAR = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'')
+PP_NUMBER = re.compile(r"(?<![\w.])\.?\d(?:[eEpP][+-]|[\w.])*")
+DECIMAL_FLOAT = re.compile(r"((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)([a-zA-Z]*)")
+SCALARS = "bool|char|uchar|short|ushort|int|uint|long|ulong|half|bfloat|float"
+VECTOR_CONSTRUCTOR = re.compile(rf"(?<![\w:.])(?:metal::)?((?:packed_)?(?:{SCALARS})[234])\s*\(")
+VEC_TEMPLATE = re.compile(r"(?<![\w:.])(?:metal::)?vec\s*<")
+THREADGROUP_DECLARATION = re.compile(
+    r"(?P<before>[;{}]\s*)threadgroup\s+(?P<type>[^;{}()=\[\]]*?[^;{}()=\[\]*&\s])\s+"
+    r"(?P<name>\w+)\s*(?P<dims>(?:\[[^\]]*\]\s*)*);"
+)
+FUNCTION_CONSTANT = re.compile(r"(\w+)\s*\[\[\s*function_constant\s*\(\s*(\w+)\s*\)\s*\]\]")
+CONSTANT_DEFINED = re.compile(r"\bis_function_constant_defined\s*\(\s*(\w+)\s*\)")
+ATTRIBUTE = re.compile(r"\[\[.*?\]\]", re.S)
+HOST_NAME = r'\[\[\s*host_name\s*\(\s*((?:"[^"]*"\s*)+)\)\s*\]\]\s*'  # adjacent literals concatenate
+INSTANTIATION = re.compile(rf"\btemplate\s*{HOST_NAME}(?:\[\[\s*kernel\s*\]\]\s*)?decltype\s*\(")
+KERNEL_DEFINITION = re.compile(rf"(?:{HOST_NAME})?(?:\[\[\s*kernel\s*\]\]|\bkernel\b)\s*void\s+(\w+)\s*\(")
+PARAMETER_ATTRIBUTE = re.compile(r"\[\[\s*(\w+)\s*(?:\(\s*([^)]*?)\s*\))?\s*(?:,[^\]]*)?\]\]")
+
+
+class RewriteError(Exception):
+    """The source uses something the simulator cannot translate."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    host_name: str
+    entry: str  # generated C++ statement defining and registering the entry point
+
+
+def matching(text: str, open_index: int) -> int:
+    """Index just past the bracket that closes the one at `open_index`."""
+    pairs = {"(": ")", "[": "]", "{": "}", "<": ">"}
+    opener = text[open_index]
+    closer = pairs[opener]
+    depth = 0
+    for i in range(open_index, len(text)):
+        if text[i] == opener:
+            depth += 1
+        elif text[i] == closer:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    raise RewriteError(f"unbalanced {opener!r} in {text[open_index:open_index + 80]!r}")
+
+
+def split_top_level(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c in "([{<":
+            depth += 1
+        elif c in ")]}>":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in (p.strip() for p in parts) if p]
+
+
+def keep_lines(original: str, replacement: str) -> str:
+    """`replacement` followed by as many newlines as `original` had."""
+    return replacement + "\n" * original.count("\n")
+
+
+def code_spans(text: str, rewrite: Callable[[str], str]) -> str:
+    """Applies `rewrite` to the text between string and character literals."""
+    out, last = [], 0
+    for literal in STRING_OR_CHAR.finditer(text):
+        out.append(rewrite(text[last:literal.start()]))
+        out.append(literal.group())
+        last = literal.end()
+    out.append(rewrite(text[last:]))
+    return "".join(out)
+
+
+def rewrite_float_literal(match: re.Match[str]) -> str:
+    token = match.group()
+    if token.lower().startswith("0x"):
+        return token
+    parts = DECIMAL_FLOAT.fullmatch(token)
+    if parts is None:
+        return token
+    number, suffix = parts.groups()
+    if suffix == "":
+        return number + "f"
+    if suffix in ("h", "H"):
+        return number + "f16"
+    if suffix in ("bf", "BF"):
+        return f"((bfloat){number}f)"
+    return token
+
+
+def rewrite_vector_constructors(code: str) -> str:
+    code = VECTOR_CONSTRUCTOR.sub(lambda m: f"::metal::make_vec<::{m.group(1)}>(", code)
+    out, last = [], 0
+    for m in VEC_TEMPLATE.finditer(code):
+        if m.start() < last:
+            continue
+        close = matching(code, m.end() - 1)
+        after = re.match(r"\s*\(", code[close:])
+        if after is None:
+            continue
+        out.append(code[last:m.start()])
+        out.append(f"::metal::make_vec<::metal::vec{code[m.end() - 1:close]}>(")
+        last = close + after.end()
+    out.append(code[last:])
+    return "".join(out)
+
+
+def rewrite_threadgroup_declaration(match: re.Match[str]) -> str:
+    kind, name, dims = match.group("type"), match.group("name"), match.group("dims").strip()
+    return (
+        f"{match.group('before')}threadgroup {kind} (&{name}){dims} = "
+        f"::msim::threadgroup_array<{kind} {dims}>([] {{}});"
+    )
+
+
+def parameter_binding(parameter: str, position: int, function_type: str) -> str:
+    attribute = PARAMETER_ATTRIBUTE.search(parameter)
+    if attribute is None:
+        raise RewriteError(f"kernel parameter without a binding attribute: {parameter!r}")
+    name, argument = attribute.groups()
+    declared = f"::msim::parameter_t<{function_type}, {position}>"
+    if name == "buffer":
+        return f"::msim::bind_buffer<{declared}>(::msim::buffer_address({argument}))"
+    if name == "threadgroup":
+        return f"::msim::bind_buffer<{declared}>(::msim::threadgroup_buffer_address({argument}))"
+    if name in BUILTINS:
+        return f"::msim::bind_builtin<{declared}>(::msim::Builtin::{name})"
+    raise RewriteError(f"unsupported kernel parameter attribute [[{name}]] in {parameter!r}")
+
+
+class TranslationUnit:
+    """Rewrites one preprocessed translation unit; `kernels` lists its entry points."""
+
+    def __init__(self, preprocessed: str) -> None:
+        self.lines = preprocessed.split("\n")
+        self.kernels: list[Kernel] = []
+        self.constant_indices: dict[str, str] = {}
+        self.text = self.rewrite()
+
+    def user_chunks(self) -> Iterator[tuple[int, int]]:
+        """(first, end) line ranges that come from the project's files."""
+        first, user = 0, False
+        for i, line in enumerate(self.lines + ["# 1 \"<end>\" 3"]):
+            marker = LINE_MARKER.match(line)
+            if marker is None:
+                continue
+            if user and first < i:
+                yield first, i
+            name, flags = marker.group(2), marker.group(3).split()
+            user = "3" not in flags and not name.startswith("<")
+            first = i + 1
+
+    def rewrite(self) -> str:
+        chunks = list(self.user_chunks())
+        texts = ["\n".join(self.lines[a:b]) for a, b in chunks]
+        definitions = "\n".join(texts)
+        for text in texts:
+            for m in FUNCTION_CONSTANT.finditer(text):
+                self.constant_indices[m.group(1)] = m.group(2)
+        rewritten = [self.rewrite_chunk(text, definitions) for text in texts]
+        for (a, b), text in zip(chunks, rewritten, strict=True):
+            replacement = text.split("\n")
+            assert len(replacement) == b - a, "rewrite changed the line count"
+            self.lines[a:b] = replacement
+        return "\n".join(self.lines)
+
+    def rewrite_chunk(self, text: str, definitions: str) -> str:
+        text = self.generate_entries(text, definitions)
+        text = FUNCTION_CONSTANT.sub(
+            lambda m: f"{m.group(1)} = ::msim::function_constant<decltype({m.group(1)})>({m.group(2)})", text
+        )
+        text = CONSTANT_DEFINED.sub(self.constant_defined, text)
+        text = code_spans(text, self.rewrite_code)
+        return ATTRIBUTE.sub(lambda m: keep_lines(m.group(), ""), text)
+
+    def constant_defined(self, match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in self.constant_indices:
+            raise RewriteError(f"is_function_constant_defined({name}): {name} is not a function constant")
+        return f"::msim::function_constant_defined({self.constant_indices[name]})"
+
+    @staticmethod
+    def rewrite_code(code: str) -> str:
+        code = PP_NUMBER.sub(rewrite_float_literal, code)
+        code = rewrite_vector_constructors(code)
+        return THREADGROUP_DECLARATION.sub(rewrite_threadgroup_declaration, code)
+
+    def entry(self, host_name: str, function: str, parameters: list[str]) -> str:
+        number = len(self.kernels)
+        function_type = f"decltype({function})"
+        arguments = ", ".join(parameter_binding(p, i, function_type) for i, p in enumerate(parameters))
+        code = (
+            f"static void msim_kernel_{number}() {{ {function}({arguments}); }} "
+            f'static ::msim::KernelRegistration msim_registration_{number}("{host_name}", &msim_kernel_{number});'
+        )
+        self.kernels.append(Kernel(host_name, code))
+        return code
+
+    def generate_entries(self, text: str, definitions: str) -> str:
+        out, last = [], 0
+        events = sorted(
+            [(m.start(), "instantiation", m) for m in INSTANTIATION.finditer(text)]
+            + [(m.start(), "definition", m) for m in KERNEL_DEFINITION.finditer(text)],
+            key=lambda e: e[0],
+        )
+        for start, kind, m in events:
+            if start < last:
+                continue
+            if kind == "instantiation":
+                close = matching(text, m.end() - 1)
+                function = text[m.end():close - 1].strip()
+                end = text.index(";", close) + 1
+                name = re.sub(r"\s+", "", function.split("<")[0]).split("::")[-1]
+                code = self.entry(host_name(m.group(1)), function, kernel_parameters(name, definitions))
+                out += [text[last:start], keep_lines(text[start:end], code)]
+            elif text[:start].rstrip().endswith(">"):
+                continue  # a kernel template: its instantiations are the entry points
+            else:
+                params_close = matching(text, m.end() - 1)
+                body = text.index("{", params_close)
+                end = matching(text, body)
+                name = m.group(2)
+                parameters = split_top_level(text[m.end():params_close - 1])
+                code = self.entry(host_name(m.group(1)) if m.group(1) else name, name, parameters)
+                out += [text[last:end], " ", code]
+            last = end
+        out.append(text[last:])
+        return "".join(out)
+
+
+def host_name(literals: str) -> str:
+    return "".join(re.findall(r'"([^"]*)"', literals))
+
+
+def kernel_parameters(name: str, definitions: str) -> list[str]:
+    """Parameter declarations of the kernel template `name` (the one with attributes)."""
+    for m in re.finditer(rf"\b{re.escape(name)}\s*\(", definitions):
+        close = matching(definitions, m.end() - 1)
+        inside = definitions[m.end():close - 1]
+        if "[[" in inside and re.match(r"\s*(?:\[\[[^\]]*\]\]\s*)*\{", definitions[close:]):
+            return split_top_level(inside)
+    raise RewriteError(f"no definition with [[buffer(n)]]-style parameters found for kernel template {name}")
