@@ -20,6 +20,7 @@ from .rewrite import RewriteError, TranslationUnit
 BufferValue = np.ndarray | np.generic | bytes
 ALIGNMENT = 64
 DEFAULT_TIMEOUT = 120.0
+SYMBOLIZE_LOOKBACK = 48  # bytes of code searched backwards for a line number
 
 
 class KernelError(Exception):
@@ -196,11 +197,21 @@ class Library:
         return f"{location}: {report['message']}" if location else report["message"]
 
     def _symbolize(self, pc: int) -> str:
-        """file:line of `pc`, skipping frames inlined from the shim and libc++."""
+        """file:line of `pc`, skipping frames inlined from the shim and libc++.
+
+        Accesses the optimizer merged (two adjacent stores become one) carry
+        line 0; the nearest preceding instruction with a line stands in.
+        """
+        addresses = [hex(pc - back) for back in range(SYMBOLIZE_LOOKBACK)]
         result = subprocess.run(
-            [toolchain.addr2line(), "-i", "-e", str(self.executable), hex(pc)], capture_output=True, text=True
+            [toolchain.addr2line(), "-i", "-a", "-e", str(self.executable), *addresses],
+            capture_output=True,
+            text=True,
         )
-        frames = [line.split(" (discriminator")[0] for line in result.stdout.splitlines()]
         shim = str(toolchain.SHIM_INCLUDE)
-        user = [f for f in frames if not f.startswith(shim) and "/libcxx/" not in f and "/c++/" not in f]
-        return (user or frames or ["<unknown location>"])[0]
+        for block in result.stdout.split("0x")[1:]:
+            frames = [line.split(" (discriminator")[0] for line in block.splitlines()[1:]]
+            user = [f for f in frames if not f.startswith(shim) and "/libcxx/" not in f]
+            if user and not user[0].endswith((":?", ":0")):
+                return user[0]
+        return "<unknown location>"

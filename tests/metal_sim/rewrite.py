@@ -48,7 +48,7 @@ SCALARS = "bool|char|uchar|short|ushort|int|uint|long|ulong|half|bfloat|float"
 VECTOR_CONSTRUCTOR = re.compile(rf"(?<![\w:.])(?:metal::)?((?:packed_)?(?:{SCALARS})[234])\s*\(")
 VEC_TEMPLATE = re.compile(r"(?<![\w:.])(?:metal::)?vec\s*<")
 THREADGROUP_DECLARATION = re.compile(
-    r"(?P<before>[;{}]\s*)threadgroup\s+(?P<type>[^;{}()=\[\]]*?[^;{}()=\[\]*&\s])\s+"
+    r"(?<=[;{}])(?P<before>\s*)threadgroup\s+(?P<type>[^;{}()=\[\]]*?[^;{}()=\[\]*&\s])\s+"
     r"(?P<name>\w+)\s*(?P<dims>(?:\[[^\]]*\]\s*)*);"
 )
 FUNCTION_CONSTANT = re.compile(r"(\w+)\s*\[\[\s*function_constant\s*\(\s*(\w+)\s*\)\s*\]\]")

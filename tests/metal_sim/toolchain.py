@@ -47,7 +47,7 @@ KERNEL_FLAGS = [
     # Calls a hook before every load and store (see runtime.cpp).
     "-fsanitize-coverage=func,inline-8bit-counters,trace-loads,trace-stores",
     "-fsanitize=shift-exponent,integer-divide-by-zero",
-    "-fsanitize-trap=all",
+    "-fno-sanitize-recover=all",
     "-Wno-unknown-attributes",
     "-Wno-unknown-pragmas",
     "-Wno-unused-command-line-argument",

@@ -455,22 +455,12 @@ void run_threadgroup() {
 void on_signal(int signal, siginfo_t* info, void* context) {
   auto* uc = static_cast<ucontext_t*>(context);
   auto pc = static_cast<uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
-  const char* message = "kernel crashed";
-  const auto* code = reinterpret_cast<const unsigned char*>(pc);
-  if (signal == SIGILL && code[0] == 0x0f && code[1] == 0xb9) {
-    // clang's -fsanitize-trap emits `ud1 <check>(%eax), %eax`.
-    switch (code[3]) {
-      case 0x14: message = "integer UB: shift amount negative or >= the operand's bit width"; break;
-      case 0x03: message = "integer UB: division by zero (or INT_MIN / -1)"; break;
-      default: message = "undefined-behaviour trap"; break;
-    }
-  } else if (signal == SIGSEGV) {
-    message = "kernel crashed: invalid memory access (far out of bounds, or fiber stack overflow)";
-  } else if (signal == SIGFPE) {
-    message = "kernel crashed: arithmetic exception";
-  }
+  const char* message = signal == SIGSEGV || signal == SIGBUS
+                            ? "kernel crashed: invalid memory access (far out of bounds, or fiber stack overflow)"
+                            : "kernel crashed";
   char line[512];
-  int n = snprintf(line, sizeof line, "{\"status\": \"error\", \"message\": \"%s (signal %d, address 0x%" PRIxPTR ")\", \"pc\": %" PRIuPTR "}\n",
+  int n = snprintf(line, sizeof line,
+                   "{\"status\": \"error\", \"message\": \"%s (signal %d, address 0x%" PRIxPTR ")\", \"pc\": %" PRIuPTR "}\n",
                    message, signal, reinterpret_cast<uintptr_t>(info->si_addr), pc);
   (void)!write(1, line, n);
   _exit(3);
@@ -703,6 +693,22 @@ MSIM_ACCESS_HOOKS(4, uint32_t)
 MSIM_ACCESS_HOOKS(8, uint64_t)
 MSIM_ACCESS_HOOKS(16, __int128)
 #undef MSIM_ACCESS_HOOKS
+
+// -fsanitize=shift-exponent,integer-divide-by-zero handlers (clang's UBSan
+// ABI): every check data record starts with the source location.
+struct UbsanLocation {
+  const char* file;
+  uint32_t line;
+  uint32_t column;
+};
+
+extern "C" void __ubsan_handle_shift_out_of_bounds_abort(const UbsanLocation* at, uintptr_t, uintptr_t) {
+  msim::fail("integer UB: shift amount negative or >= the operand's bit width", {at->file, at->line});
+}
+
+extern "C" void __ubsan_handle_divrem_overflow_abort(const UbsanLocation* at, uintptr_t, uintptr_t) {
+  msim::fail("integer UB: division by zero (or INT_MIN / -1)", {at->file, at->line});
+}
 
 // Function-level coverage is only needed to switch the load/store hooks on.
 extern "C" void __sanitizer_cov_8bit_counters_init(char*, char*) {}

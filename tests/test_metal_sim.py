@@ -1,0 +1,287 @@
+"""Tests of the Metal simulator (tests/metal_sim) on kernels written for it."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from metal_sim import KernelError, Library, MetalCompileError, toolchain
+
+KERNELS = Path(__file__).parent / "metal_sim_kernels"
+BUGS = str(KERNELS / "bugs.metal")
+RNG = np.random.default_rng(0)
+
+
+def library(name: str, **defines: int) -> Library:
+    return Library([KERNELS / f"{name}.metal"], defines=defines)
+
+
+@pytest.fixture(scope="module")
+def primitives() -> Library:
+    return library("primitives")
+
+
+@pytest.fixture(scope="module")
+def bugs() -> Library:
+    return library("bugs")
+
+
+@pytest.fixture(scope="module")
+def reduce() -> Library:
+    return library("simd_reduce")
+
+
+def line_of(path: str, marker: str) -> int:
+    lines = Path(path).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if marker in line)
+
+
+def assert_reported(error: pytest.ExceptionInfo[KernelError], path: str, marker: str, what: str) -> None:
+    """The error names `path`, the line containing `marker`, and matches `what`."""
+    message = str(error.value)
+    assert f"{path}:{line_of(path, marker)}" in message, message
+    assert re.search(what, message), message
+
+
+# ---------------------------------------------------------------- reductions
+
+
+@pytest.mark.parametrize(
+    ("host_name", "dtype", "tolerance"),
+    [("row_sum_float32", np.float32, 1e-4), ("row_sum_float16", np.float16, 1e-3), ("row_sum_bfloat16", ml_dtypes.bfloat16, 1e-3)],
+)
+def test_simd_sum_reduction(reduce: Library, host_name: str, dtype: type, tolerance: float) -> None:
+    rows, n = 6, 1000
+    x = RNG.standard_normal((rows, n)).astype(dtype)
+    out = np.full(rows, np.nan, np.float32)
+    result = reduce.dispatch(host_name, {0: x, 1: out, 2: np.int32(n)}, grid=(rows, 1, 1), threadgroup=(256, 1, 1))
+    np.testing.assert_allclose(out, x.astype(np.float32).sum(axis=1), rtol=tolerance, atol=tolerance)
+    counters = result.counters
+    assert counters["buffers"][0]["unique_bytes_read"] == x.nbytes
+    assert counters["buffers"][1]["unique_bytes_written"] == out.nbytes
+    assert counters["threadgroup_barriers"] == rows
+    assert counters["threads"] == rows * 256
+
+
+def test_divergent_collective_mutant_is_caught(bugs: Library) -> None:
+    with pytest.raises(KernelError) as error:
+        bugs.dispatch("divergent_collective", {0: np.zeros(32, np.float32)}, grid=(1, 1, 1), threadgroup=(32, 1, 1))
+    assert_reported(error, BUGS, "BUG: divergent collective", r"divergent simdgroup operation.*exited the kernel")
+
+
+def test_out_of_bounds_read_mutant_is_caught(bugs: Library) -> None:
+    n = 100
+    buffers = {0: np.ones(n, np.float32), 1: np.zeros(n, np.float32), 2: np.uint32(n)}
+    with pytest.raises(KernelError) as error:
+        bugs.dispatch("out_of_bounds_read", buffers, grid=(1, 1, 1), threadgroup=(n, 1, 1))
+    assert_reported(error, BUGS, "BUG: the last thread", r"out-of-bounds read of 4 bytes at byte offset 400 of buffer\(0\)")
+
+
+# ---------------------------------------------------------------- tiled GEMM
+
+
+def run_gemm(lib: Library, dtype: type, b_transposed: bool, m: int = 64, n: int = 96, k: int = 48):
+    a = RNG.standard_normal((m, k)).astype(dtype)
+    b = RNG.standard_normal((k, n)).astype(dtype)
+    c = np.full((m, n), np.nan, np.float32)
+    name = {np.float32: "gemm_float32", np.float16: "gemm_float16", ml_dtypes.bfloat16: "gemm_bfloat16"}[dtype]
+    buffers = {0: a, 1: b.T.copy() if b_transposed else b, 2: c, 3: np.array([m, n, k, 0], np.int32).tobytes()}
+    result = lib.dispatch(name, buffers, grid=(n // 32, m // 32, 1), threadgroup=(128, 1, 1), constants={0: b_transposed})
+    return a.astype(np.float32) @ b.astype(np.float32), c, result
+
+
+@pytest.fixture(scope="module")
+def gemm() -> Library:
+    return library("tiled_gemm")
+
+
+@pytest.mark.parametrize("b_transposed", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_tiled_gemm(gemm: Library, dtype: type, b_transposed: bool) -> None:
+    expected, c, result = run_gemm(gemm, dtype, b_transposed)
+    np.testing.assert_allclose(c, expected, rtol=1e-5, atol=1e-4)
+    counters = result.counters
+    m, n, k = 64, 96, 48
+    tiles = (m // 32) * (n // 32)
+    assert counters["simdgroup_matrix_ops"] == tiles * 4 * 4 * (k // 8)
+    assert counters["threadgroup_barriers"] == tiles * 2 * (k // 16)
+    itemsize = np.dtype(dtype).itemsize
+    assert counters["buffers"][0]["unique_bytes_read"] == m * k * itemsize
+    assert counters["buffers"][0]["bytes_read"] == (n // 32) * m * k * itemsize
+    assert counters["buffers"][2]["unique_bytes_written"] == c.nbytes
+    assert counters["threadgroup_bytes_written"] == tiles * (k // 16) * 2 * 32 * 16 * itemsize
+
+
+def test_wrong_fragment_lane_formula_mutant_is_caught() -> None:
+    with pytest.raises(KernelError, match=r"tiled_gemm.metal:\d+: out-of-bounds write"):
+        run_gemm(library("tiled_gemm", MUTANT_LANE_FORMULA=1), np.float32, False)
+
+
+def test_wrong_transpose_flag_mutant_is_caught() -> None:
+    expected, c, _ = run_gemm(library("tiled_gemm", MUTANT_TRANSPOSE_FLAG=1), np.float32, True)
+    assert not np.allclose(c, expected, atol=1e-2)
+
+
+def test_missing_barrier_mutant_is_caught() -> None:
+    path = str(KERNELS / "tiled_gemm.metal")
+    with pytest.raises(KernelError) as error:
+        run_gemm(library("tiled_gemm", MUTANT_MISSING_BARRIER=1), np.float32, False)
+    assert_reported(error, path, "simdgroup_load(af[i]", r"read of uninitialized threadgroup array declared at .*tiled_gemm.metal:41")
+
+
+def test_unwritten_output_element_mutant_is_caught() -> None:
+    _, c, result = run_gemm(library("tiled_gemm", MUTANT_UNWRITTEN_ELEMENT=1), np.float32, False)
+    assert np.isnan(c).sum() == c.size // 2
+    assert result.counters["buffers"][2]["unique_bytes_written"] == c.nbytes // 2
+
+
+# ---------------------------------------------------------------- primitives
+
+
+def test_simd_collectives_match_lane_semantics(primitives: Library) -> None:
+    x = RNG.integers(-50, 50, 64).astype(np.float32)  # integers: sums are exact in any order
+    out = np.full((12, 64), np.nan, np.float32)
+    primitives.dispatch("collectives", {0: x, 1: out}, grid=(1, 1, 1), threadgroup=(64, 1, 1))
+    lanes = np.arange(32)
+    simd = x.reshape(2, 32)
+
+    def per_simdgroup(f) -> np.ndarray:
+        return np.concatenate([f(s) for s in simd])
+
+    np.testing.assert_array_equal(out[0], per_simdgroup(lambda s: np.full(32, s.sum())))
+    np.testing.assert_array_equal(out[1], per_simdgroup(lambda s: np.full(32, s.max())))
+    np.testing.assert_array_equal(out[2], per_simdgroup(lambda s: np.full(32, s.min())))
+    np.testing.assert_array_equal(out[3], per_simdgroup(lambda s: s[(lanes * 7) % 32]))
+    np.testing.assert_array_equal(out[4], per_simdgroup(lambda s: s[lanes ^ 5]))
+    np.testing.assert_array_equal(out[5], per_simdgroup(lambda s: np.where(lanes + 3 < 32, s[np.minimum(lanes + 3, 31)], s)))
+    np.testing.assert_array_equal(out[6], per_simdgroup(lambda s: np.where(lanes >= 2, s[np.maximum(lanes - 2, 0)], s)))
+    np.testing.assert_array_equal(out[7], per_simdgroup(np.cumsum))
+    np.testing.assert_array_equal(out[8], per_simdgroup(lambda s: np.cumsum(s) - s))
+    np.testing.assert_array_equal(out[9], np.repeat(x.reshape(16, 4).sum(1), 4))
+    np.testing.assert_array_equal(out[10], per_simdgroup(lambda s: np.full(32, s[9])))
+    np.testing.assert_array_equal(out[11], x.reshape(16, 4)[:, ::-1].reshape(-1))
+
+
+def test_half_subnormals_fp4_decode(primitives: Library) -> None:
+    codes = np.arange(16, dtype=np.uint8)
+    out = np.full(16, np.nan, np.float16)
+    primitives.dispatch("fp4_decode", {0: codes, 1: out}, grid=(1, 1, 1), threadgroup=(16, 1, 1))
+    e2m1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6]
+    np.testing.assert_array_equal(out, np.array(e2m1 + [-v for v in e2m1], np.float16))
+
+
+def test_literals_vectors_half_and_bfloat(primitives: Library) -> None:
+    v = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    out = np.full(8, np.nan, np.float32)
+    halves = np.full(2, np.nan, np.float16)
+    bfloats = np.full(2, np.nan, ml_dtypes.bfloat16)
+    primitives.dispatch("scalars_and_vectors", {0: out, 1: halves, 2: bfloats, 3: v.tobytes()}, grid=(1, 1, 1), threadgroup=(1, 1, 1))
+    assert out[0] == np.float32(1) / np.float32(3)
+    assert out[1] == 4  # an unsuffixed literal is a float
+    np.testing.assert_array_equal(out[2:6], [3, 4, 1.5, 2])
+    assert out[6] == 0.5 + 10
+    assert halves[0] == np.float16(1) / np.float16(3)
+    assert halves[1] == np.float16(6e-8) != 0
+    assert bfloats[0] == (ml_dtypes.bfloat16(1) / ml_dtypes.bfloat16(3)).astype(ml_dtypes.bfloat16)
+    assert bfloats[1] == ml_dtypes.bfloat16(np.float32(np.float16(1) / np.float16(3)))
+    assert out[7] == 1 + 1 + 1
+
+
+@pytest.mark.parametrize(
+    ("constants", "expected"),
+    [({1: 3, 2: 0.25, 3: False}, [3, 0.25, 3]), ({1: 5, 3: True}, [5, -1, -5])],
+)
+def test_function_constants(primitives: Library, constants: dict, expected: list[float]) -> None:
+    out = np.full(3, np.nan, np.float32)
+    primitives.dispatch("function_constants", {0: out}, grid=(1, 1, 1), threadgroup=(1, 1, 1), constants=constants)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_threadgroup_memory_argument_and_unused_unbound_buffer(primitives: Library) -> None:
+    x = RNG.standard_normal(128).astype(np.float32)
+    out = np.full(128, np.nan, np.float32)
+    result = primitives.dispatch(
+        "reverse_through_threadgroup", {0: x, 1: out}, grid=(1, 1, 1), threadgroup=(128, 1, 1), threadgroup_memory={0: 512}
+    )
+    np.testing.assert_array_equal(out, x[::-1])
+    assert result.counters["threadgroup_bytes_read"] == result.counters["threadgroup_bytes_written"] == 512
+
+
+def test_dispatch_of_tens_of_thousands_of_threads_is_fast(reduce: Library) -> None:
+    rows, n = 128, 512
+    x = RNG.standard_normal((rows, n)).astype(np.float32)
+    out = np.full(rows, np.nan, np.float32)
+    start = time.perf_counter()
+    result = reduce.dispatch("row_sum_float32", {0: x, 1: out, 2: np.int32(n)}, grid=(rows, 1, 1), threadgroup=(256, 1, 1))
+    elapsed = time.perf_counter() - start
+    assert result.counters["threads"] == 32768
+    assert elapsed < 1.0, f"{elapsed:.2f} s"
+
+
+# ---------------------------------------------------------------- bug reports
+
+
+def test_divergent_barrier(bugs: Library) -> None:
+    with pytest.raises(KernelError) as error:
+        bugs.dispatch("divergent_barrier", {0: np.zeros(64, np.float32)}, grid=(1, 1, 1), threadgroup=(64, 1, 1))
+    assert_reported(error, BUGS, "BUG: divergent barrier", r"divergent threadgroup barrier.*threads 32\.\.63 \(32\) exited")
+
+
+def test_unbound_buffer_dereferenced(bugs: Library) -> None:
+    with pytest.raises(KernelError) as error:
+        bugs.dispatch("unbound_buffer", {0: np.zeros(1, np.float32)}, grid=(1, 1, 1), threadgroup=(1, 1, 1))
+    assert_reported(error, BUGS, "BUG: buffer(1) is not bound", r"read through buffer\(1\), which is not bound")
+
+
+def test_uninitialized_threadgroup_memory(bugs: Library) -> None:
+    with pytest.raises(KernelError) as error:
+        bugs.dispatch("uninitialized_threadgroup", {0: np.zeros(64, np.float32)}, grid=(1, 1, 1), threadgroup=(64, 1, 1))
+    assert_reported(error, BUGS, "BUG: staging[5]", r"read of uninitialized threadgroup array .* at byte offset 20")
+
+
+def test_threadgroup_memory_limit(bugs: Library) -> None:
+    with pytest.raises(KernelError) as error:
+        bugs.dispatch("too_much_threadgroup_memory", {0: np.zeros(16, np.float32)}, grid=(1, 1, 1), threadgroup=(16, 1, 1))
+    assert_reported(error, BUGS, "threadgroup float more[16]", r"exceeds the 32 KiB limit")
+
+
+@pytest.mark.parametrize(
+    ("kernel", "buffers", "marker", "what"),
+    [
+        ("shift_too_far", {0: np.zeros(1, np.uint32), 1: np.uint32(32)}, "BUG when shift", r"shift amount"),
+        ("divide_by_zero", {0: np.zeros(1, np.int32), 1: np.int32(0)}, "BUG when d == 0", r"division by zero"),
+        ("wild_pointer", {0: np.zeros(1, np.float32), 1: np.uint64(16)}, "BUG: writes to an arbitrary", r"crashed"),
+    ],
+)
+def test_traps_and_crashes_are_reported(bugs: Library, kernel: str, buffers: dict, marker: str, what: str) -> None:
+    with pytest.raises(KernelError) as error:
+        bugs.dispatch(kernel, buffers, grid=(1, 1, 1), threadgroup=(1, 1, 1))
+    assert_reported(error, BUGS, marker, what)
+
+
+def test_integer_ops_without_ub_run(bugs: Library) -> None:
+    out = np.zeros(1, np.uint32)
+    bugs.dispatch("shift_too_far", {0: out, 1: np.uint32(31)}, grid=(1, 1, 1), threadgroup=(1, 1, 1))
+    assert out[0] == 1 << 31
+
+
+def test_address_spaces_are_enforced() -> None:
+    path = KERNELS / "address_space_error.metal"
+    with pytest.raises(MetalCompileError) as error:
+        Library([path])
+    assert f"{path}:{line_of(str(path), 'store_one(local)')}" in str(error.value)
+    assert "from 'threadgroup float[4]' to 'device float *'" in str(error.value)
+
+
+def test_missing_compiler_is_a_clear_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(toolchain.importlib.util, "find_spec", lambda name: None)
+    toolchain.clang.cache_clear()
+    try:
+        with pytest.raises(toolchain.CompilerNotFoundError, match="pip install ziglang"):
+            toolchain.clang()
+    finally:
+        toolchain.clang.cache_clear()
