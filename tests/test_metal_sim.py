@@ -285,3 +285,26 @@ def test_missing_compiler_is_a_clear_failure(monkeypatch: pytest.MonkeyPatch) ->
             toolchain.clang()
     finally:
         toolchain.clang.cache_clear()
+
+
+# ---------------------------------------------------------------- matmul2d
+
+
+def run_matmul2d(lib: Library, m: int = 32, n: int = 64, k: int = 48):
+    a = RNG.standard_normal((m, k)).astype(np.float16)
+    b = RNG.standard_normal((n, k)).astype(ml_dtypes.bfloat16)
+    c = np.full((m, n), np.nan, np.float32)
+    buffers = {0: a, 1: b, 2: c, 3: np.int32(n), 4: np.int32(k)}
+    result = lib.dispatch("matmul_bt_float16", buffers, grid=(n // 32, m // 16, 1), threadgroup=(32, 1, 1))
+    return a.astype(np.float32) @ b.astype(np.float32).T, c, result
+
+
+def test_matmul2d_cooperative_tensors() -> None:
+    expected, c, result = run_matmul2d(library("matmul2d"))
+    np.testing.assert_allclose(c, expected, rtol=1e-6, atol=1e-5)
+    assert result.counters["matmul2d_runs"] == (64 // 32) * (32 // 16) * (48 // 16)
+
+
+def test_matmul2d_wrong_lane_formula_mutant_is_caught() -> None:
+    expected, c, _ = run_matmul2d(library("matmul2d", MUTANT_LANE_FORMULA=1))
+    assert not np.allclose(c, expected, atol=1e-2)

@@ -158,19 +158,28 @@ def rewrite_threadgroup_declaration(match: re.Match[str]) -> str:
     )
 
 
-def parameter_binding(parameter: str, position: int, function_type: str) -> str:
-    attribute = PARAMETER_ATTRIBUTE.search(parameter)
-    if attribute is None:
-        raise RewriteError(f"kernel parameter without a binding attribute: {parameter!r}")
-    name, argument = attribute.groups()
-    declared = f"::msim::parameter_t<{function_type}, {position}>"
-    if name == "buffer":
-        return f"::msim::bind_buffer<{declared}>(::msim::buffer_address({argument}))"
-    if name == "threadgroup":
-        return f"::msim::bind_buffer<{declared}>(::msim::threadgroup_buffer_address({argument}))"
-    if name in BUILTINS:
-        return f"::msim::bind_builtin<{declared}>(::msim::Builtin::{name})"
-    raise RewriteError(f"unsupported kernel parameter attribute [[{name}]] in {parameter!r}")
+def parameter_bindings(parameters: list[str], function_type: str) -> list[str]:
+    """Argument expressions binding each kernel parameter by its attribute.
+
+    A parameter without an attribute is a buffer with the next unused index,
+    as Metal assigns them.
+    """
+    attributes = [PARAMETER_ATTRIBUTE.search(p) for p in parameters]
+    explicit = {int(a.group(2)) for a in attributes if a and a.group(1) == "buffer"}
+    implicit = (i for i in range(len(parameters) + len(explicit) + 1) if i not in explicit)
+    bindings = []
+    for position, (parameter, attribute) in enumerate(zip(parameters, attributes, strict=True)):
+        declared = f"::msim::parameter_t<{function_type}, {position}>"
+        name, argument = attribute.groups() if attribute else ("buffer", str(next(implicit)))
+        if name == "buffer":
+            bindings.append(f"::msim::bind_buffer<{declared}>(::msim::buffer_address({argument}))")
+        elif name == "threadgroup":
+            bindings.append(f"::msim::bind_buffer<{declared}>(::msim::threadgroup_buffer_address({argument}))")
+        elif name in BUILTINS:
+            bindings.append(f"::msim::bind_builtin<{declared}>(::msim::Builtin::{name})")
+        else:
+            raise RewriteError(f"unsupported kernel parameter attribute [[{name}]] in {parameter!r}")
+    return bindings
 
 
 class TranslationUnit:
@@ -233,7 +242,7 @@ class TranslationUnit:
     def entry(self, host_name: str, function: str, parameters: list[str]) -> str:
         number = len(self.kernels)
         function_type = f"decltype({function})"
-        arguments = ", ".join(parameter_binding(p, i, function_type) for i, p in enumerate(parameters))
+        arguments = ", ".join(parameter_bindings(parameters, function_type))
         code = (
             f"static void msim_kernel_{number}() {{ {function}({arguments}); }} "
             f'static ::msim::KernelRegistration msim_registration_{number}("{host_name}", &msim_kernel_{number});'

@@ -1,0 +1,3 @@
+#pragma once
+#include "../msim/metal.h"
+#include "../msim/tensor_ops.h"
