@@ -24,12 +24,16 @@ from ._ext import (  # noqa: E402
 FORMATS: dict[str, dict] = {entry["mode"]: entry for entry in formats()}
 """The format table, keyed by mode (codes, bits, group sizes, scale kind)."""
 
+from .nn import convert  # noqa: E402  (also binds the mlx_fpqmm.nn submodule)
+
 __all__ = [
     "FORMATS",
+    "convert",
     "dequantize",
     "fp4_qmm",
     "fp8_qmm",
     "formats",
+    "nn",
     "quantize",
     "quantized_matmul",
 ]
