@@ -40,7 +40,9 @@ def line_of(path: str, marker: str) -> int:
     return next(i for i, line in enumerate(lines, 1) if marker in line)
 
 
-def assert_reported(error: pytest.ExceptionInfo[KernelError], path: str, marker: str, what: str) -> None:
+def assert_reported(
+    error: pytest.ExceptionInfo[KernelError], path: str, marker: str, what: str
+) -> None:
     """The error names `path`, the line containing `marker`, and matches `what`."""
     message = str(error.value)
     assert f"{path}:{line_of(path, marker)}" in message, message
@@ -52,14 +54,22 @@ def assert_reported(error: pytest.ExceptionInfo[KernelError], path: str, marker:
 
 @pytest.mark.parametrize(
     ("host_name", "dtype", "tolerance"),
-    [("row_sum_float32", np.float32, 1e-4), ("row_sum_float16", np.float16, 1e-3), ("row_sum_bfloat16", ml_dtypes.bfloat16, 1e-3)],
+    [
+        ("row_sum_float32", np.float32, 1e-4),
+        ("row_sum_float16", np.float16, 1e-3),
+        ("row_sum_bfloat16", ml_dtypes.bfloat16, 1e-3),
+    ],
 )
 def test_simd_sum_reduction(reduce: Library, host_name: str, dtype: type, tolerance: float) -> None:
     rows, n = 6, 1000
     x = RNG.standard_normal((rows, n)).astype(dtype)
     out = np.full(rows, np.nan, np.float32)
-    result = reduce.dispatch(host_name, {0: x, 1: out, 2: np.int32(n)}, grid=(rows, 1, 1), threadgroup=(256, 1, 1))
-    np.testing.assert_allclose(out, x.astype(np.float32).sum(axis=1), rtol=tolerance, atol=tolerance)
+    result = reduce.dispatch(
+        host_name, {0: x, 1: out, 2: np.int32(n)}, grid=(rows, 1, 1), threadgroup=(256, 1, 1)
+    )
+    np.testing.assert_allclose(
+        out, x.astype(np.float32).sum(axis=1), rtol=tolerance, atol=tolerance
+    )
     counters = result.counters
     assert counters["buffers"][0]["unique_bytes_read"] == x.nbytes
     assert counters["buffers"][1]["unique_bytes_written"] == out.nbytes
@@ -69,8 +79,18 @@ def test_simd_sum_reduction(reduce: Library, host_name: str, dtype: type, tolera
 
 def test_divergent_collective_mutant_is_caught(bugs: Library) -> None:
     with pytest.raises(KernelError) as error:
-        bugs.dispatch("divergent_collective", {0: np.zeros(32, np.float32)}, grid=(1, 1, 1), threadgroup=(32, 1, 1))
-    assert_reported(error, BUGS, "BUG: divergent collective", r"divergent simdgroup operation.*exited the kernel")
+        bugs.dispatch(
+            "divergent_collective",
+            {0: np.zeros(32, np.float32)},
+            grid=(1, 1, 1),
+            threadgroup=(32, 1, 1),
+        )
+    assert_reported(
+        error,
+        BUGS,
+        "BUG: divergent collective",
+        r"divergent simdgroup operation.*exited the kernel",
+    )
 
 
 def test_out_of_bounds_read_mutant_is_caught(bugs: Library) -> None:
@@ -78,7 +98,12 @@ def test_out_of_bounds_read_mutant_is_caught(bugs: Library) -> None:
     buffers = {0: np.ones(n, np.float32), 1: np.zeros(n, np.float32), 2: np.uint32(n)}
     with pytest.raises(KernelError) as error:
         bugs.dispatch("out_of_bounds_read", buffers, grid=(1, 1, 1), threadgroup=(n, 1, 1))
-    assert_reported(error, BUGS, "BUG: the last thread", r"out-of-bounds read of 4 bytes at byte offset 400 of buffer\(0\)")
+    assert_reported(
+        error,
+        BUGS,
+        "BUG: the last thread",
+        r"out-of-bounds read of 4 bytes at byte offset 400 of buffer\(0\)",
+    )
 
 
 # ---------------------------------------------------------------- tiled GEMM
@@ -88,9 +113,24 @@ def run_gemm(lib: Library, dtype: type, b_transposed: bool, m: int = 64, n: int 
     a = RNG.standard_normal((m, k)).astype(dtype)
     b = RNG.standard_normal((k, n)).astype(dtype)
     c = np.full((m, n), np.nan, np.float32)
-    name = {np.float32: "gemm_float32", np.float16: "gemm_float16", ml_dtypes.bfloat16: "gemm_bfloat16"}[dtype]
-    buffers = {0: a, 1: b.T.copy() if b_transposed else b, 2: c, 3: np.array([m, n, k, 0], np.int32).tobytes()}
-    result = lib.dispatch(name, buffers, grid=(n // 32, m // 32, 1), threadgroup=(128, 1, 1), constants={0: b_transposed})
+    name = {
+        np.float32: "gemm_float32",
+        np.float16: "gemm_float16",
+        ml_dtypes.bfloat16: "gemm_bfloat16",
+    }[dtype]
+    buffers = {
+        0: a,
+        1: b.T.copy() if b_transposed else b,
+        2: c,
+        3: np.array([m, n, k, 0], np.int32).tobytes(),
+    }
+    result = lib.dispatch(
+        name,
+        buffers,
+        grid=(n // 32, m // 32, 1),
+        threadgroup=(128, 1, 1),
+        constants={0: b_transposed},
+    )
     return a.astype(np.float32) @ b.astype(np.float32), c, result
 
 
@@ -130,7 +170,12 @@ def test_missing_barrier_mutant_is_caught() -> None:
     path = str(KERNELS / "tiled_gemm.metal")
     with pytest.raises(KernelError) as error:
         run_gemm(library("tiled_gemm", MUTANT_MISSING_BARRIER=1), np.float32, False)
-    assert_reported(error, path, "simdgroup_load(af[i]", r"read of uninitialized threadgroup array declared at .*tiled_gemm.metal:41")
+    assert_reported(
+        error,
+        path,
+        "simdgroup_load(af[i]",
+        r"read of uninitialized threadgroup array declared at .*tiled_gemm.metal:41",
+    )
 
 
 def test_unwritten_output_element_mutant_is_caught() -> None:
@@ -157,8 +202,12 @@ def test_simd_collectives_match_lane_semantics(primitives: Library) -> None:
     np.testing.assert_array_equal(out[2], per_simdgroup(lambda s: np.full(32, s.min())))
     np.testing.assert_array_equal(out[3], per_simdgroup(lambda s: s[(lanes * 7) % 32]))
     np.testing.assert_array_equal(out[4], per_simdgroup(lambda s: s[lanes ^ 5]))
-    np.testing.assert_array_equal(out[5], per_simdgroup(lambda s: np.where(lanes + 3 < 32, s[np.minimum(lanes + 3, 31)], s)))
-    np.testing.assert_array_equal(out[6], per_simdgroup(lambda s: np.where(lanes >= 2, s[np.maximum(lanes - 2, 0)], s)))
+    np.testing.assert_array_equal(
+        out[5], per_simdgroup(lambda s: np.where(lanes + 3 < 32, s[np.minimum(lanes + 3, 31)], s))
+    )
+    np.testing.assert_array_equal(
+        out[6], per_simdgroup(lambda s: np.where(lanes >= 2, s[np.maximum(lanes - 2, 0)], s))
+    )
     np.testing.assert_array_equal(out[7], per_simdgroup(np.cumsum))
     np.testing.assert_array_equal(out[8], per_simdgroup(lambda s: np.cumsum(s) - s))
     np.testing.assert_array_equal(out[9], np.repeat(x.reshape(16, 4).sum(1), 4))
@@ -179,7 +228,12 @@ def test_literals_vectors_half_and_bfloat(primitives: Library) -> None:
     out = np.full(8, np.nan, np.float32)
     halves = np.full(2, np.nan, np.float16)
     bfloats = np.full(2, np.nan, ml_dtypes.bfloat16)
-    primitives.dispatch("scalars_and_vectors", {0: out, 1: halves, 2: bfloats, 3: v.tobytes()}, grid=(1, 1, 1), threadgroup=(1, 1, 1))
+    primitives.dispatch(
+        "scalars_and_vectors",
+        {0: out, 1: halves, 2: bfloats, 3: v.tobytes()},
+        grid=(1, 1, 1),
+        threadgroup=(1, 1, 1),
+    )
     assert out[0] == np.float32(1) / np.float32(3)
     assert out[1] == 4  # an unsuffixed literal is a float
     np.testing.assert_array_equal(out[2:6], [3, 4, 1.5, 2])
@@ -197,7 +251,9 @@ def test_literals_vectors_half_and_bfloat(primitives: Library) -> None:
 )
 def test_function_constants(primitives: Library, constants: dict, expected: list[float]) -> None:
     out = np.full(3, np.nan, np.float32)
-    primitives.dispatch("function_constants", {0: out}, grid=(1, 1, 1), threadgroup=(1, 1, 1), constants=constants)
+    primitives.dispatch(
+        "function_constants", {0: out}, grid=(1, 1, 1), threadgroup=(1, 1, 1), constants=constants
+    )
     np.testing.assert_array_equal(out, expected)
 
 
@@ -205,10 +261,18 @@ def test_threadgroup_memory_argument_and_unused_unbound_buffer(primitives: Libra
     x = RNG.standard_normal(128).astype(np.float32)
     out = np.full(128, np.nan, np.float32)
     result = primitives.dispatch(
-        "reverse_through_threadgroup", {0: x, 1: out}, grid=(1, 1, 1), threadgroup=(128, 1, 1), threadgroup_memory={0: 512}
+        "reverse_through_threadgroup",
+        {0: x, 1: out},
+        grid=(1, 1, 1),
+        threadgroup=(128, 1, 1),
+        threadgroup_memory={0: 512},
     )
     np.testing.assert_array_equal(out, x[::-1])
-    assert result.counters["threadgroup_bytes_read"] == result.counters["threadgroup_bytes_written"] == 512
+    assert (
+        result.counters["threadgroup_bytes_read"]
+        == result.counters["threadgroup_bytes_written"]
+        == 512
+    )
 
 
 def test_dispatch_of_tens_of_thousands_of_threads_is_fast(reduce: Library) -> None:
@@ -216,7 +280,12 @@ def test_dispatch_of_tens_of_thousands_of_threads_is_fast(reduce: Library) -> No
     x = RNG.standard_normal((rows, n)).astype(np.float32)
     out = np.full(rows, np.nan, np.float32)
     start = time.perf_counter()
-    result = reduce.dispatch("row_sum_float32", {0: x, 1: out, 2: np.int32(n)}, grid=(rows, 1, 1), threadgroup=(256, 1, 1))
+    result = reduce.dispatch(
+        "row_sum_float32",
+        {0: x, 1: out, 2: np.int32(n)},
+        grid=(rows, 1, 1),
+        threadgroup=(256, 1, 1),
+    )
     elapsed = time.perf_counter() - start
     assert result.counters["threads"] == 32768
     assert elapsed < 1.0, f"{elapsed:.2f} s"
@@ -227,37 +296,83 @@ def test_dispatch_of_tens_of_thousands_of_threads_is_fast(reduce: Library) -> No
 
 def test_divergent_barrier(bugs: Library) -> None:
     with pytest.raises(KernelError) as error:
-        bugs.dispatch("divergent_barrier", {0: np.zeros(64, np.float32)}, grid=(1, 1, 1), threadgroup=(64, 1, 1))
-    assert_reported(error, BUGS, "BUG: divergent barrier", r"divergent threadgroup barrier.*threads 32\.\.63 \(32\) exited")
+        bugs.dispatch(
+            "divergent_barrier",
+            {0: np.zeros(64, np.float32)},
+            grid=(1, 1, 1),
+            threadgroup=(64, 1, 1),
+        )
+    assert_reported(
+        error,
+        BUGS,
+        "BUG: divergent barrier",
+        r"divergent threadgroup barrier.*threads 32\.\.63 \(32\) exited",
+    )
 
 
 def test_unbound_buffer_dereferenced(bugs: Library) -> None:
     with pytest.raises(KernelError) as error:
-        bugs.dispatch("unbound_buffer", {0: np.zeros(1, np.float32)}, grid=(1, 1, 1), threadgroup=(1, 1, 1))
-    assert_reported(error, BUGS, "BUG: buffer(1) is not bound", r"read through buffer\(1\), which is not bound")
+        bugs.dispatch(
+            "unbound_buffer", {0: np.zeros(1, np.float32)}, grid=(1, 1, 1), threadgroup=(1, 1, 1)
+        )
+    assert_reported(
+        error, BUGS, "BUG: buffer(1) is not bound", r"read through buffer\(1\), which is not bound"
+    )
 
 
 def test_uninitialized_threadgroup_memory(bugs: Library) -> None:
     with pytest.raises(KernelError) as error:
-        bugs.dispatch("uninitialized_threadgroup", {0: np.zeros(64, np.float32)}, grid=(1, 1, 1), threadgroup=(64, 1, 1))
-    assert_reported(error, BUGS, "BUG: staging[5]", r"read of uninitialized threadgroup array .* at byte offset 20")
+        bugs.dispatch(
+            "uninitialized_threadgroup",
+            {0: np.zeros(64, np.float32)},
+            grid=(1, 1, 1),
+            threadgroup=(64, 1, 1),
+        )
+    assert_reported(
+        error,
+        BUGS,
+        "BUG: staging[5]",
+        r"read of uninitialized threadgroup array .* at byte offset 20",
+    )
 
 
 def test_threadgroup_memory_limit(bugs: Library) -> None:
     with pytest.raises(KernelError) as error:
-        bugs.dispatch("too_much_threadgroup_memory", {0: np.zeros(16, np.float32)}, grid=(1, 1, 1), threadgroup=(16, 1, 1))
+        bugs.dispatch(
+            "too_much_threadgroup_memory",
+            {0: np.zeros(16, np.float32)},
+            grid=(1, 1, 1),
+            threadgroup=(16, 1, 1),
+        )
     assert_reported(error, BUGS, "threadgroup float more[16]", r"exceeds the 32 KiB limit")
 
 
 @pytest.mark.parametrize(
     ("kernel", "buffers", "marker", "what"),
     [
-        ("shift_too_far", {0: np.zeros(1, np.uint32), 1: np.uint32(32)}, "BUG when shift", r"shift amount"),
-        ("divide_by_zero", {0: np.zeros(1, np.int32), 1: np.int32(0)}, "BUG when d == 0", r"division by zero"),
-        ("wild_pointer", {0: np.zeros(1, np.float32), 1: np.uint64(16)}, "BUG: writes to an arbitrary", r"crashed"),
+        (
+            "shift_too_far",
+            {0: np.zeros(1, np.uint32), 1: np.uint32(32)},
+            "BUG when shift",
+            r"shift amount",
+        ),
+        (
+            "divide_by_zero",
+            {0: np.zeros(1, np.int32), 1: np.int32(0)},
+            "BUG when d == 0",
+            r"division by zero",
+        ),
+        (
+            "wild_pointer",
+            {0: np.zeros(1, np.float32), 1: np.uint64(16)},
+            "BUG: writes to an arbitrary",
+            r"crashed",
+        ),
     ],
 )
-def test_traps_and_crashes_are_reported(bugs: Library, kernel: str, buffers: dict, marker: str, what: str) -> None:
+def test_traps_and_crashes_are_reported(
+    bugs: Library, kernel: str, buffers: dict, marker: str, what: str
+) -> None:
     with pytest.raises(KernelError) as error:
         bugs.dispatch(kernel, buffers, grid=(1, 1, 1), threadgroup=(1, 1, 1))
     assert_reported(error, BUGS, marker, what)
@@ -265,7 +380,9 @@ def test_traps_and_crashes_are_reported(bugs: Library, kernel: str, buffers: dic
 
 def test_integer_ops_without_ub_run(bugs: Library) -> None:
     out = np.zeros(1, np.uint32)
-    bugs.dispatch("shift_too_far", {0: out, 1: np.uint32(31)}, grid=(1, 1, 1), threadgroup=(1, 1, 1))
+    bugs.dispatch(
+        "shift_too_far", {0: out, 1: np.uint32(31)}, grid=(1, 1, 1), threadgroup=(1, 1, 1)
+    )
     assert out[0] == 1 << 31
 
 
@@ -295,7 +412,9 @@ def run_matmul2d(lib: Library, m: int = 32, n: int = 64, k: int = 48):
     b = RNG.standard_normal((n, k)).astype(ml_dtypes.bfloat16)
     c = np.full((m, n), np.nan, np.float32)
     buffers = {0: a, 1: b, 2: c, 3: np.int32(n), 4: np.int32(k)}
-    result = lib.dispatch("matmul_bt_float16", buffers, grid=(n // 32, m // 16, 1), threadgroup=(32, 1, 1))
+    result = lib.dispatch(
+        "matmul_bt_float16", buffers, grid=(n // 32, m // 16, 1), threadgroup=(32, 1, 1)
+    )
     return a.astype(np.float32) @ b.astype(np.float32).T, c, result
 
 

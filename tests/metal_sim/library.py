@@ -43,7 +43,9 @@ def _constant_text(value: bool | int | float | np.generic) -> str:
         return str(int(value))
     if isinstance(value, (float, np.floating)):
         return repr(float(value))
-    raise TypeError(f"function constant values must be bool, int or float, not {type(value).__name__}")
+    raise TypeError(
+        f"function constant values must be bool, int or float, not {type(value).__name__}"
+    )
 
 
 def _buffer_bytes(index: int, value: BufferValue) -> tuple[bool, memoryview]:
@@ -73,10 +75,15 @@ class Library:
     ) -> None:
         self.sources = [Path(s).resolve() for s in sources]
         self.include_dirs = [Path(d).resolve() for d in include_dirs]
-        self.defines = {**toolchain.METAL_DEFINES, **{k: str(v) for k, v in (defines or {}).items()}}
+        self.defines = {
+            **toolchain.METAL_DEFINES,
+            **{k: str(v) for k, v in (defines or {}).items()},
+        }
         units = [self._translate(source) for source in self.sources]
-        self.names: list[str] = [k.host_name for unit in units for k in unit.kernels]
-        objects = [self._compile(source, unit) for source, unit in zip(self.sources, units, strict=True)]
+        self.names: list[str] = [name for unit in units for name in unit.kernels]
+        objects = [
+            self._compile(source, unit) for source, unit in zip(self.sources, units, strict=True)
+        ]
         self.executable = self._link([*objects, *toolchain.runtime_objects()])
 
     def _translate(self, source: Path) -> TranslationUnit:
@@ -107,16 +114,29 @@ class Library:
             "msim/address_spaces.h",
         ]
         address_spaces = (toolchain.SHIM_INCLUDE / "msim" / "address_spaces.h").read_bytes()
-        key = toolchain.digest("kernels", unit.text, address_spaces, *flags, toolchain.clang_version())
+        key = toolchain.digest(
+            "kernels", unit.text, address_spaces, *flags, toolchain.clang_version()
+        )
 
         def build(output: Path) -> None:
             rewritten = output.with_suffix(".cpp")
             rewritten.write_text(unit.text)
-            command = [*toolchain.clang(), *flags, "-x", "c++", "-c", str(rewritten), "-o", str(output)]
+            command = [
+                *toolchain.clang(),
+                *flags,
+                "-x",
+                "c++",
+                "-c",
+                str(rewritten),
+                "-o",
+                str(output),
+            ]
             result = toolchain.run_compiler(command, toolchain.clang_env())
             rewritten.unlink()
             if result.returncode != 0:
-                raise MetalCompileError(f"{source} does not compile for the simulator:\n{result.stderr}")
+                raise MetalCompileError(
+                    f"{source} does not compile for the simulator:\n{result.stderr}"
+                )
 
         return toolchain.cached_build(key, ".o", build)
 
@@ -124,7 +144,13 @@ class Library:
         key = toolchain.digest("executable", *(o.name for o in objects), *toolchain.LINK_FLAGS)
 
         def build(output: Path) -> None:
-            command = [toolchain.gxx(), *map(str, objects), "-o", str(output), *toolchain.LINK_FLAGS]
+            command = [
+                toolchain.gxx(),
+                *map(str, objects),
+                "-o",
+                str(output),
+                *toolchain.LINK_FLAGS,
+            ]
             toolchain.check(toolchain.run_compiler(command))
 
         return toolchain.cached_build(key, "", build)
@@ -151,7 +177,11 @@ class Library:
         for index, (_, contents) in bindings.items():
             offsets[index] = total
             total += (contents.nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-        request = [f"kernel {name}", "grid {} {} {}".format(*grid), "threadgroup {} {} {}".format(*threadgroup)]
+        request = [
+            f"kernel {name}",
+            "grid {} {} {}".format(*grid),
+            "threadgroup {} {} {}".format(*threadgroup),
+        ]
         for index, (is_bytes, contents) in bindings.items():
             kind = "bytes" if is_bytes else "device"
             request.append(f"buffer {index} {kind} {offsets[index]} {contents.nbytes}")
@@ -159,30 +189,38 @@ class Library:
         request += [f"constant {i} {_constant_text(v)}" for i, v in (constants or {}).items()]
 
         shm = Path("/dev/shm")
-        with tempfile.NamedTemporaryFile(dir=shm if shm.is_dir() else None, prefix="metal_sim_") as data:
+        with tempfile.NamedTemporaryFile(
+            dir=shm if shm.is_dir() else None, prefix="metal_sim_"
+        ) as data:
             data.truncate(max(total, 1))
             with mmap.mmap(data.fileno(), max(total, 1)) as view:
                 for index, (_, contents) in bindings.items():
-                    view[offsets[index]:offsets[index] + contents.nbytes] = contents
+                    view[offsets[index] : offsets[index] + contents.nbytes] = contents
                 report = self._run("\n".join([*request, f"data {data.name}", ""]), timeout)
                 for index, (is_bytes, contents) in bindings.items():
                     if not is_bytes:
-                        contents[:] = view[offsets[index]:offsets[index] + contents.nbytes]
+                        contents[:] = view[offsets[index] : offsets[index] + contents.nbytes]
         return DispatchResult(report["counters"])
 
     def _run(self, request: str, timeout: float) -> dict[str, Any]:
         try:
             result = subprocess.run(
-                [str(self.executable)], input=request, capture_output=True, text=True, timeout=timeout
+                [str(self.executable)],
+                input=request,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
             )
         except subprocess.TimeoutExpired as error:
             raise KernelError(
-                f"dispatch timed out after {timeout} s: a thread spins waiting for memory that other "
-                "threads of its threadgroup never write before a barrier (deadlock)?"
+                f"dispatch timed out after {timeout} s: does a thread spin on memory that "
+                "the rest of its threadgroup only writes after a barrier (deadlock)?"
             ) from error
         lines = result.stdout.strip().splitlines()
         if not lines:
-            raise KernelError(f"simulator died without a report (exit {result.returncode}):\n{result.stderr}")
+            raise KernelError(
+                f"simulator died without a report (exit {result.returncode}):\n{result.stderr}"
+            )
         report = json.loads(lines[-1])
         if report["status"] != "ok":
             raise KernelError(self._describe(report))

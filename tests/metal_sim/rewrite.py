@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 BUILTINS = {
     "thread_position_in_grid",
@@ -54,20 +53,18 @@ THREADGROUP_DECLARATION = re.compile(
 FUNCTION_CONSTANT = re.compile(r"(\w+)\s*\[\[\s*function_constant\s*\(\s*(\w+)\s*\)\s*\]\]")
 CONSTANT_DEFINED = re.compile(r"\bis_function_constant_defined\s*\(\s*(\w+)\s*\)")
 ATTRIBUTE = re.compile(r"\[\[.*?\]\]", re.S)
-HOST_NAME = r'\[\[\s*host_name\s*\(\s*((?:"[^"]*"\s*)+)\)\s*\]\]\s*'  # adjacent literals concatenate
+HOST_NAME = (
+    r'\[\[\s*host_name\s*\(\s*((?:"[^"]*"\s*)+)\)\s*\]\]\s*'  # adjacent literals concatenate
+)
 INSTANTIATION = re.compile(rf"\btemplate\s*{HOST_NAME}(?:\[\[\s*kernel\s*\]\]\s*)?decltype\s*\(")
-KERNEL_DEFINITION = re.compile(rf"(?:{HOST_NAME})?(?:\[\[\s*kernel\s*\]\]|\bkernel\b)\s*void\s+(\w+)\s*\(")
+KERNEL_DEFINITION = re.compile(
+    rf"(?:{HOST_NAME})?(?:\[\[\s*kernel\s*\]\]|\bkernel\b)\s*void\s+(\w+)\s*\("
+)
 PARAMETER_ATTRIBUTE = re.compile(r"\[\[\s*(\w+)\s*(?:\(\s*([^)]*?)\s*\))?\s*(?:,[^\]]*)?\]\]")
 
 
 class RewriteError(Exception):
     """The source uses something the simulator cannot translate."""
-
-
-@dataclass(frozen=True)
-class Kernel:
-    host_name: str
-    entry: str  # generated C++ statement defining and registering the entry point
 
 
 def matching(text: str, open_index: int) -> int:
@@ -83,7 +80,7 @@ def matching(text: str, open_index: int) -> int:
             depth -= 1
             if depth == 0:
                 return i + 1
-    raise RewriteError(f"unbalanced {opener!r} in {text[open_index:open_index + 80]!r}")
+    raise RewriteError(f"unbalanced {opener!r} in {text[open_index : open_index + 80]!r}")
 
 
 def split_top_level(text: str) -> list[str]:
@@ -109,7 +106,7 @@ def code_spans(text: str, rewrite: Callable[[str], str]) -> str:
     """Applies `rewrite` to the text between string and character literals."""
     out, last = [], 0
     for literal in STRING_OR_CHAR.finditer(text):
-        out.append(rewrite(text[last:literal.start()]))
+        out.append(rewrite(text[last : literal.start()]))
         out.append(literal.group())
         last = literal.end()
     out.append(rewrite(text[last:]))
@@ -143,8 +140,8 @@ def rewrite_vector_constructors(code: str) -> str:
         after = re.match(r"\s*\(", code[close:])
         if after is None:
             continue
-        out.append(code[last:m.start()])
-        out.append(f"::metal::make_vec<::metal::vec{code[m.end() - 1:close]}>(")
+        out.append(code[last : m.start()])
+        out.append(f"::metal::make_vec<::metal::vec{code[m.end() - 1 : close]}>(")
         last = close + after.end()
     out.append(code[last:])
     return "".join(out)
@@ -174,27 +171,31 @@ def parameter_bindings(parameters: list[str], function_type: str) -> list[str]:
         if name == "buffer":
             bindings.append(f"::msim::bind_buffer<{declared}>(::msim::buffer_address({argument}))")
         elif name == "threadgroup":
-            bindings.append(f"::msim::bind_buffer<{declared}>(::msim::threadgroup_buffer_address({argument}))")
+            bindings.append(
+                f"::msim::bind_buffer<{declared}>(::msim::threadgroup_buffer_address({argument}))"
+            )
         elif name in BUILTINS:
             bindings.append(f"::msim::bind_builtin<{declared}>(::msim::Builtin::{name})")
         else:
-            raise RewriteError(f"unsupported kernel parameter attribute [[{name}]] in {parameter!r}")
+            raise RewriteError(
+                f"unsupported kernel parameter attribute [[{name}]] in {parameter!r}"
+            )
     return bindings
 
 
 class TranslationUnit:
-    """Rewrites one preprocessed translation unit; `kernels` lists its entry points."""
+    """Rewrites one preprocessed translation unit; `kernels` lists its host names."""
 
     def __init__(self, preprocessed: str) -> None:
         self.lines = preprocessed.split("\n")
-        self.kernels: list[Kernel] = []
+        self.kernels: list[str] = []
         self.constant_indices: dict[str, str] = {}
         self.text = self.rewrite()
 
     def user_chunks(self) -> Iterator[tuple[int, int]]:
         """(first, end) line ranges that come from the project's files."""
         first, user = 0, False
-        for i, line in enumerate(self.lines + ["# 1 \"<end>\" 3"]):
+        for i, line in enumerate(self.lines + ['# 1 "<end>" 3']):
             marker = LINE_MARKER.match(line)
             if marker is None:
                 continue
@@ -221,7 +222,10 @@ class TranslationUnit:
     def rewrite_chunk(self, text: str, definitions: str) -> str:
         text = self.generate_entries(text, definitions)
         text = FUNCTION_CONSTANT.sub(
-            lambda m: f"{m.group(1)} = ::msim::function_constant<decltype({m.group(1)})>({m.group(2)})", text
+            lambda m: (
+                f"{m.group(1)} = ::msim::function_constant<decltype({m.group(1)})>({m.group(2)})"
+            ),
+            text,
         )
         text = CONSTANT_DEFINED.sub(self.constant_defined, text)
         text = code_spans(text, self.rewrite_code)
@@ -230,7 +234,9 @@ class TranslationUnit:
     def constant_defined(self, match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in self.constant_indices:
-            raise RewriteError(f"is_function_constant_defined({name}): {name} is not a function constant")
+            raise RewriteError(
+                f"is_function_constant_defined({name}): {name} is not a function constant"
+            )
         return f"::msim::function_constant_defined({self.constant_indices[name]})"
 
     @staticmethod
@@ -245,9 +251,10 @@ class TranslationUnit:
         arguments = ", ".join(parameter_bindings(parameters, function_type))
         code = (
             f"static void msim_kernel_{number}() {{ {function}({arguments}); }} "
-            f'static ::msim::KernelRegistration msim_registration_{number}("{host_name}", &msim_kernel_{number});'
+            f"static ::msim::KernelRegistration msim_registration_{number}"
+            f'("{host_name}", &msim_kernel_{number});'
         )
-        self.kernels.append(Kernel(host_name, code))
+        self.kernels.append(host_name)
         return code
 
     def generate_entries(self, text: str, definitions: str) -> str:
@@ -262,10 +269,12 @@ class TranslationUnit:
                 continue
             if kind == "instantiation":
                 close = matching(text, m.end() - 1)
-                function = text[m.end():close - 1].strip()
+                function = text[m.end() : close - 1].strip()
                 end = text.index(";", close) + 1
                 name = re.sub(r"\s+", "", function.split("<")[0]).split("::")[-1]
-                code = self.entry(host_name(m.group(1)), function, kernel_parameters(name, definitions))
+                code = self.entry(
+                    host_name(m.group(1)), function, kernel_parameters(name, definitions)
+                )
                 out += [text[last:start], keep_lines(text[start:end], code)]
             elif text[:start].rstrip().endswith(">"):
                 continue  # a kernel template: its instantiations are the entry points
@@ -274,7 +283,7 @@ class TranslationUnit:
                 body = text.index("{", params_close)
                 end = matching(text, body)
                 name = m.group(2)
-                parameters = split_top_level(text[m.end():params_close - 1])
+                parameters = split_top_level(text[m.end() : params_close - 1])
                 code = self.entry(host_name(m.group(1)) if m.group(1) else name, name, parameters)
                 out += [text[last:end], " ", code]
             last = end
@@ -290,7 +299,9 @@ def kernel_parameters(name: str, definitions: str) -> list[str]:
     """Parameter declarations of the kernel template `name` (the one with attributes)."""
     for m in re.finditer(rf"\b{re.escape(name)}\s*\(", definitions):
         close = matching(definitions, m.end() - 1)
-        inside = definitions[m.end():close - 1]
+        inside = definitions[m.end() : close - 1]
         if "[[" in inside and re.match(r"\s*(?:\[\[[^\]]*\]\]\s*)*\{", definitions[close:]):
             return split_top_level(inside)
-    raise RewriteError(f"no definition with [[buffer(n)]]-style parameters found for kernel template {name}")
+    raise RewriteError(
+        f"no definition with [[buffer(n)]]-style parameters found for kernel template {name}"
+    )

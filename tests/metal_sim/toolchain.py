@@ -96,7 +96,9 @@ def gxx() -> str:
 def addr2line() -> str:
     path = shutil.which("addr2line")
     if path is None:
-        raise CompilerNotFoundError("the Metal simulator needs addr2line (binutils) to locate errors")
+        raise CompilerNotFoundError(
+            "the Metal simulator needs addr2line (binutils) to locate errors"
+        )
     return path
 
 
@@ -107,11 +109,15 @@ def clang_env() -> dict[str, str]:
 
 @cache
 def clang_version() -> str:
-    out = subprocess.run([*clang(), "--version"], capture_output=True, text=True, env=clang_env(), check=True)
+    out = subprocess.run(
+        [*clang(), "--version"], capture_output=True, text=True, env=clang_env(), check=True
+    )
     return out.stdout
 
 
-def run_compiler(command: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_compiler(
+    command: list[str], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, env=env)
 
 
@@ -135,7 +141,19 @@ def runtime_objects() -> tuple[Path, ...]:
     bfloat_key = digest("bfloat", bfloat_src.read_bytes(), clang_version())
 
     def build_runtime(output: Path) -> None:
-        check(run_compiler([gxx(), *RUNTIME_FLAGS, f"-I{SHIM_INCLUDE}", "-c", str(runtime_src), "-o", str(output)]))
+        check(
+            run_compiler(
+                [
+                    gxx(),
+                    *RUNTIME_FLAGS,
+                    f"-I{SHIM_INCLUDE}",
+                    "-c",
+                    str(runtime_src),
+                    "-o",
+                    str(output),
+                ]
+            )
+        )
 
     def build_bfloat(output: Path) -> None:
         command = [*clang(), "-O2", "-c", str(bfloat_src), "-o", str(output)]
