@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -71,7 +72,10 @@ def _matmul(layer: nn.Module, x: mx.array) -> mx.array:
     )
 
 
-def _wrap(cls: type, source: nn.Module) -> nn.Module:
+_Layer = TypeVar("_Layer", bound=nn.Module)
+
+
+def _wrap(cls: type[_Layer], source: nn.Module) -> _Layer:
     """An instance of ``cls`` sharing ``source``'s arrays, frozen state and training mode."""
     layer = cls.__new__(cls)
     nn.Module.__init__(layer)
@@ -95,6 +99,11 @@ class QuantizedLinear(nn.QuantizedLinear):
     MLX's ``mxfp4``, ``nvfp4`` and ``mxfp8`` it supports the float-scale ``fp4`` and ``fp8``
     modes, and ``nvfp4`` with a ``global_scale`` parameter (the float32 tensor scale
     ``max|w|``, applied inside the op).
+
+    Note:
+        Code that calls ``mx.dequantize`` with the layer's attributes (mlx-lm's
+        ``dequantize_model``, LoRA ``fuse``) handles MLX's modes, but not ``fp4``/``fp8``
+        (unknown to MLX) nor ``global_scale`` (which it does not pass).
 
     Args:
         input_dims (int): The dimensionality of the input features.
@@ -364,7 +373,7 @@ def convert(model: nn.Module) -> ConversionReport:
     Example:
         >>> from mlx_lm import load
         >>> import mlx_fpqmm
-        >>> model, tokenizer = load("mlx-community/Qwen3-0.6B-4bit-mxfp4")  # doctest: +SKIP
+        >>> model, tokenizer = load("path/or/hf-repo/of/an-mxfp4-model")  # doctest: +SKIP
         >>> print(mlx_fpqmm.convert(model))  # doctest: +SKIP
     """
     report = ConversionReport()

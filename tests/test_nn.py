@@ -232,10 +232,17 @@ def test_quantize_predicate_contract():
 
 def test_quantize_defaults_and_errors():
     model = make_model("qwen3")
-    quantize(model)
+    quantize(model)  # mxfp4 by default
     assert {type(m).__name__ + m.mode for m in quantized_leaves(model).values()} == {
         "QuantizedLinearmxfp4",
         "QuantizedEmbeddingmxfp4",
+    }
+
+    affine = make_model("llama")
+    quantize(affine, mode="affine")  # left to MLX
+    assert {type(m) for m in quantized_leaves(affine).values()} == {
+        nn.QuantizedLinear,
+        nn.QuantizedEmbedding,
     }
 
     with pytest.raises(ValueError, match="must return a bool or a dict"):
@@ -380,6 +387,21 @@ def test_strict_load_both_ways(tmp_path, mode):
     nn.quantize(back, mode=mode)
     back.load_weights(str(tmp_path / "ours.safetensors"), strict=True)
     assert mx.array_equal(back(TOKENS), ref)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"mode": "fp4"}, {"mode": "fp8"}, {"mode": "nvfp4", "global_scale": True}]
+)
+def test_weights_round_trip_of_our_modes(tmp_path, kwargs):
+    model = make_model("qwen3")
+    quantize(model, **kwargs)
+    ref = model(TOKENS)
+    model.save_weights(str(tmp_path / "w.safetensors"))
+    again = make_model("qwen3", seed=1)
+    quantize(again, **kwargs)
+    again.load_weights(str(tmp_path / "w.safetensors"), strict=True)
+    assert dtypes(again) == dtypes(model)
+    assert mx.array_equal(again(TOKENS), ref)
 
 
 # ---------------------------------------------------------------- training
