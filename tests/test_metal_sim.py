@@ -275,6 +275,14 @@ def test_threadgroup_memory_argument_and_unused_unbound_buffer(primitives: Libra
     )
 
 
+def test_implicit_buffer_indices(primitives: Library) -> None:
+    x = RNG.standard_normal(8).astype(np.float32)
+    out = np.full(8, np.nan, np.float32)
+    buffers = {0: np.float32(2.0), 1: x, 2: out}
+    primitives.dispatch("implicit_buffer_indices", buffers, grid=(1, 1, 1), threadgroup=(8, 1, 1))
+    np.testing.assert_array_equal(out, 2 * x)
+
+
 def test_dispatch_of_tens_of_thousands_of_threads_is_fast(reduce: Library) -> None:
     rows, n = 128, 512
     x = RNG.standard_normal((rows, n)).astype(np.float32)
@@ -333,6 +341,16 @@ def test_uninitialized_threadgroup_memory(bugs: Library) -> None:
         BUGS,
         "BUG: staging[5]",
         r"read of uninitialized threadgroup array .* at byte offset 20",
+    )
+
+
+def test_data_race_on_threadgroup_memory(bugs: Library) -> None:
+    with pytest.raises(KernelError) as error:
+        bugs.dispatch(
+            "data_race", {0: np.zeros(64, np.float32)}, grid=(1, 1, 1), threadgroup=(64, 1, 1)
+        )
+    assert_reported(
+        error, BUGS, "BUG: no barrier since", r"data race .* thread 1 reads what thread 0 wrote"
     )
 
 
@@ -427,3 +445,15 @@ def test_matmul2d_cooperative_tensors() -> None:
 def test_matmul2d_wrong_lane_formula_mutant_is_caught() -> None:
     expected, c, _ = run_matmul2d(library("matmul2d", MUTANT_LANE_FORMULA=1))
     assert not np.allclose(c, expected, atol=1e-2)
+
+
+def test_matmul2d_shared_by_two_simdgroups() -> None:
+    a = RNG.standard_normal((32, 16)).astype(np.float32)
+    b = RNG.standard_normal((16, 32)).astype(np.float32)
+    c = np.full((32, 32), np.nan, np.float32)
+    lib = library("matmul2d")
+    result = lib.dispatch(
+        "matmul_two_simdgroups", {0: a, 1: b, 2: c}, grid=(1, 1, 1), threadgroup=(64, 1, 1)
+    )
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+    assert result.counters["matmul2d_runs"] == 1

@@ -59,3 +59,11 @@ using namespace metal;
 [[kernel]] void wild_pointer(device float* out [[buffer(0)]], constant ulong& address [[buffer(1)]]) {
   *(device float*)address = 1;  // BUG: writes to an arbitrary address
 }
+
+[[kernel]] void data_race(device float* out [[buffer(0)]], uint tid [[thread_index_in_threadgroup]], uint n [[threads_per_threadgroup]]) {
+  threadgroup float ring[64];
+  ring[tid] = 0;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  ring[tid] = tid;
+  out[tid] = ring[(tid + n - 1) % n];  // BUG: no barrier since the neighbour's store
+}

@@ -59,3 +59,30 @@ template <typename T>
 
 template [[host_name("matmul_bt_float16")]] [[kernel]] decltype(matmul_bt<half>) matmul_bt<half>;
 template [[host_name("matmul_bt_float32")]] [[kernel]] decltype(matmul_bt<float>) matmul_bt<float>;
+
+// C (32 x 32) = A (32 x 16) * B (16 x 32) by two simdgroups sharing one
+// op (execution_simdgroups<2>); operands filled and read back through
+// get_multidimensional_index, the layout-independent way.
+[[kernel]] void matmul_two_simdgroups(
+    const device float* a [[buffer(0)]],
+    const device float* b [[buffer(1)]],
+    device float* c [[buffer(2)]]) {
+  constexpr auto desc = mpp::tensor_ops::matmul2d_descriptor(32, 32, 16);
+  mpp::tensor_ops::matmul2d<desc, execution_simdgroups<2>> op;
+  auto ct_a = op.get_left_input_cooperative_tensor<float, float, float>();
+  auto ct_b = op.get_right_input_cooperative_tensor<float, float, float>();
+  auto ct_c = op.get_destination_cooperative_tensor<decltype(ct_a), decltype(ct_b), float>();
+  for (int i = 0; i < ct_a.get_capacity(); ++i) {
+    const auto at = ct_a.get_multidimensional_index(i);
+    ct_a[i] = a[at[1] * 16 + at[0]];
+  }
+  for (int i = 0; i < ct_b.get_capacity(); ++i) {
+    const auto at = ct_b.get_multidimensional_index(i);
+    ct_b[i] = b[at[1] * 32 + at[0]];
+  }
+  op.run(ct_a, ct_b, ct_c);
+  for (int i = 0; i < ct_c.get_capacity(); ++i) {
+    const auto at = ct_c.get_multidimensional_index(i);
+    c[at[1] * 32 + at[0]] = ct_c[i];
+  }
+}

@@ -83,3 +83,12 @@ constant float signed_scale = negate ? -scale : scale;
   threadgroup_barrier(mem_flags::mem_threadgroup);
   out[tid] = scratch[n - 1 - tid];
 }
+
+// Buffers without [[buffer(n)]] take the next free index, as in Metal.
+[[kernel]] void implicit_buffer_indices(
+    const device float* in,
+    device float* out,
+    constant float& factor [[buffer(0)]],
+    uint i [[thread_position_in_grid]]) {
+  out[i] = in[i] * factor;
+}
