@@ -56,6 +56,22 @@ METAL_FUNC auto widen(T x) {
     return x;
 }
 
+// fmin/fmax semantics for floats (a NaN operand yields the other); exact for integers.
+template <class T>
+METAL_FUNC T minimum(T x, T y) {
+  if constexpr (is_floating_point_v<T>)
+    return std::fmin(x, y);
+  else
+    return y < x ? y : x;
+}
+template <class T>
+METAL_FUNC T maximum(T x, T y) {
+  if constexpr (is_floating_point_v<T>)
+    return std::fmax(x, y);
+  else
+    return x < y ? y : x;
+}
+
 template <class T>
 concept floating = is_floating_point_v<element_t<T>>;
 template <class T>
@@ -117,8 +133,8 @@ METAL_FUNC T abs(T x) {
         },                                                                       \
         a, b);                                                                   \
   }
-MSIM_BINARY(min, (is_floating_point_v<E> ? std::fmin(x, y) : (y < x ? y : x)))
-MSIM_BINARY(max, (is_floating_point_v<E> ? std::fmax(x, y) : (x < y ? y : x)))
+MSIM_BINARY(min, math_detail::minimum(x, y))
+MSIM_BINARY(max, math_detail::maximum(x, y))
 MSIM_BINARY(fmin, std::fmin(x, y))
 MSIM_BINARY(fmax, std::fmax(x, y))
 MSIM_BINARY(pow, std::pow(x, y))
