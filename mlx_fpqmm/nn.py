@@ -253,6 +253,12 @@ class QuantizedEmbedding(nn.QuantizedEmbedding):
         return ql
 
 
+_FROM_FLOAT = {
+    nn.Linear.to_quantized: QuantizedLinear.from_linear,
+    nn.Embedding.to_quantized: QuantizedEmbedding.from_embedding,
+}
+
+
 def quantize(
     model: nn.Module,
     group_size: int | None = None,
@@ -271,10 +277,11 @@ def quantize(
     (``group_size``, ``bits``, ``mode``, ``global_scale``; as in MLX, a dict without
     ``mode`` means ``"affine"``).
 
-    :obj:`mlx.nn.Linear` and :obj:`mlx.nn.Embedding` layers in an fp mode become
-    :class:`QuantizedLinear` / :class:`QuantizedEmbedding`. Everything else (``affine``,
-    quantized activations, other layer types such as mlx-lm's ``SwitchLinear``) is left
-    to the module's own ``to_quantized``.
+    :obj:`mlx.nn.Linear` and :obj:`mlx.nn.Embedding` layers (and subclasses that keep their
+    ``to_quantized``) in an fp mode become :class:`QuantizedLinear` /
+    :class:`QuantizedEmbedding`. Everything else (``affine``, quantized activations, other
+    layer types such as mlx-lm's ``SwitchLinear``) is left to the module's own
+    ``to_quantized``.
 
     Args:
         model (mlx.nn.Module): The model whose leaf modules may be quantized.
@@ -314,14 +321,15 @@ def quantize(
             raise ValueError(f"Unable to quantize model of type {type(m)}")
         layer_mode = params.get("mode", "affine")
         if layer_mode in FORMATS and "quantize_input" not in params:
-            if isinstance(m, nn.Linear):
-                return QuantizedLinear.from_linear(m, **params)
-            if isinstance(m, nn.Embedding):
-                return QuantizedEmbedding.from_embedding(m, **params)
+            # Only where MLX's own to_quantized would build an nn.QuantizedLinear/Embedding.
+            from_float = _FROM_FLOAT.get(getattr(type(m), "to_quantized", None))
+            if from_float is not None:
+                return from_float(m, **params)
             if FORMATS[layer_mode]["scales"] == "float":
                 raise ValueError(
                     f"Mode '{layer_mode}' is only supported for nn.Linear and nn.Embedding, "
-                    f"but {path or 'the model'} is a {type(m).__name__}."
+                    f"but {path or 'the model'} is a {type(m).__name__} with its own "
+                    "to_quantized."
                 )
         return m.to_quantized(**params)
 

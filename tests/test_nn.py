@@ -230,6 +230,17 @@ def test_quantize_predicate_contract():
     assert model(TOKENS).shape == (2, 8, 1024)
 
 
+class OwnQuantized(nn.Linear):
+    """A Linear with its own to_quantized (as mlx-lm's afm7.FusedLinear): left to it."""
+
+    def to_quantized(self, **kwargs):
+        return nn.QuantizedLinear.from_linear(self, **kwargs)
+
+
+class PlainSubclass(nn.Linear):
+    pass
+
+
 def test_quantize_defaults_and_errors():
     model = make_model("qwen3")
     quantize(model)  # mxfp4 by default
@@ -251,6 +262,11 @@ def test_quantize_defaults_and_errors():
         quantize(make_model("llama"), class_predicate=lambda p, m: True)  # RMSNorm
     with pytest.raises(ValueError, match="only supported for nn.Linear and nn.Embedding"):
         quantize(nn.Sequential(SwitchLinear(64, 32, 4)), mode="fp4")
+    with pytest.raises(ValueError, match="OwnQuantized with its own to_quantized"):
+        quantize(nn.Sequential(OwnQuantized(64, 32)), mode="fp8")
+    layers = nn.Sequential(OwnQuantized(64, 32), PlainSubclass(64, 32))
+    quantize(layers)
+    assert [type(m) for m in layers.layers] == [nn.QuantizedLinear, QuantizedLinear]
     experts = nn.Sequential(SwitchLinear(64, 32, 4))
     quantize(experts, mode="nvfp4", global_scale=True)  # MLX's modes: the layer's own
     assert type(experts.layers[0]) is QuantizedSwitchLinear
@@ -307,6 +323,22 @@ def test_convert_matches_mlx(arch, mode):
         assert new.weight is old.weight and new.scales is old.scales  # shared, not copied
     assert logits_error(model(TOKENS), ref) < TOLERANCE[mx.float32]
     assert greedy(model) == ref_tokens
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_convert_bfloat16_model(arch):
+    """In bfloat16 both differ from float32 compute; ours (fp32 accumulation) no more than MLX."""
+    model = make_model(arch)
+    model.set_dtype(mx.bfloat16)
+    nn.quantize(model, mode="mxfp4")
+    theirs = model(TOKENS)
+    model.set_dtype(mx.float32)  # the same quantized weights, float32 activations
+    ref = model(TOKENS)
+    convert(model)
+    model.set_dtype(mx.bfloat16)
+    ours = model(TOKENS)
+    assert ours.dtype == mx.bfloat16
+    assert logits_error(ours, ref) <= min(logits_error(theirs, ref), TOLERANCE[mx.bfloat16])
 
 
 def test_convert_keeps_state_and_reports():
