@@ -95,6 +95,9 @@ void FpQuantizedMatmul::eval_cpu(
                     mode = mode_,
                     group_size = group_size_,
                     transpose = transpose_]() mutable {
+    if (out.size() == 0) {
+      return;
+    }
     const auto& x = inputs[0];
     const auto& w = inputs[1];
     const auto& scales = inputs[2];
