@@ -1,0 +1,340 @@
+// Python bindings of the Metal plan: kernel_path() for users, and the
+// private _metal_plan() / _metal_choose_path() behind mlx_fpqmm.testing and
+// the tests.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "mlx/backend/gpu/device_info.h"
+#include "mlx/ops.h"
+#include "mlx/transforms.h"
+
+#include "metal/bindings.h"
+#include "metal/plan.h"
+#include "metal/problem.h"
+#include "ops.h"
+#include "primitives.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace mlx_fpqmm::metal {
+
+namespace {
+
+constexpr std::string_view kNewestMacos = "26.2";
+
+GpuDevice device_description(
+    const std::optional<std::string>& architecture,
+    const std::optional<std::string>& macos) {
+  GpuDevice device;
+  if (architecture) {
+    device.architecture = *architecture;
+  } else if (mx::gpu::is_available()) {
+    device.architecture =
+        std::get<std::string>(mx::gpu::device_info().at("architecture"));
+  } else {
+    throw std::invalid_argument(
+        "No Metal GPU here: pass device=, e.g. device='applegpu_g16s'.");
+  }
+  auto running = running_macos_version();
+  auto version = macos ? parse_os_version(*macos)
+                 : running.first > 0
+                     ? running
+                     : parse_os_version(std::string(kNewestMacos));
+  device.macos_major = version.first;
+  device.macos_minor = version.second;
+  return device;
+}
+
+KernelRequest request_from(const std::optional<std::string>& kernel) {
+  if (!kernel) {
+    return kernel_request_from_env();
+  }
+  auto request = kernel_request_from_name(*kernel);
+  if (!request) {
+    throw std::invalid_argument(
+        "kernel='" + *kernel + "' is not one of 'auto', 'qmv', 'mma', 'nax'.");
+  }
+  return *request;
+}
+
+std::string_view request_name(KernelRequest request) {
+  return request == KernelRequest::automatic
+             ? "auto"
+             : path_name(
+                   static_cast<KernelPath>(static_cast<int>(request) - 1));
+}
+
+// The FpQuantizedMatmul node the validated op builds for this call.
+mx::array primitive_node(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& global_scale,
+    const std::string& mode,
+    std::optional<int> group_size,
+    bool transpose) {
+  auto out = global_scale ? mlx_fpqmm::fp4_qmm(
+                                x,
+                                w,
+                                scales,
+                                transpose,
+                                group_size,
+                                mode,
+                                global_scale,
+                                mx::Device::cpu)
+                          : mlx_fpqmm::quantized_matmul(
+                                x,
+                                w,
+                                scales,
+                                std::nullopt,
+                                transpose,
+                                group_size,
+                                std::nullopt,
+                                mode,
+                                mx::Device::cpu);
+  // A 1-D x adds a squeeze after the primitive.
+  while (out.has_primitive() &&
+         dynamic_cast<FpQuantizedMatmul*>(&out.primitive()) == nullptr) {
+    out = out.inputs()[0];
+  }
+  if (!out.has_primitive()) {
+    throw std::invalid_argument(
+        "mode '" + mode + "' runs on MLX's own kernels, not mlx_fpqmm's.");
+  }
+  return out;
+}
+
+// The bytes a kernel can reach through `a`'s data pointer, shape and strides.
+nb::bytes reachable_bytes(const mx::array& a) {
+  int64_t extent = a.size() == 0 ? 0 : 1;
+  for (size_t axis = 0; axis < a.ndim() && a.size() > 0; ++axis) {
+    extent += (a.shape(axis) - 1) * a.strides()[axis];
+  }
+  return nb::bytes(a.data<char>(), extent * a.itemsize());
+}
+
+nb::object binding_value(const BufferBinding& binding) {
+  constexpr std::array<const char*, 5> operands = {
+      "w", "scales", "global_scale", "x", "y"};
+  return std::visit(
+      [&](const auto& value) -> nb::object {
+        using V = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<V, Operand>) {
+          return nb::make_tuple("operand", operands[static_cast<int>(value)]);
+        } else if constexpr (std::is_same_v<V, int32_t>) {
+          return nb::make_tuple("int32", value);
+        } else if constexpr (std::is_same_v<V, std::vector<int32_t>>) {
+          return nb::make_tuple("int32[]", nb::cast(value));
+        } else {
+          return nb::make_tuple("int64[]", nb::cast(value));
+        }
+      },
+      binding.value);
+}
+
+nb::dict plan_dict(const KernelPlan& plan) {
+  nb::dict result;
+  result["path"] = std::string(path_name(plan.path));
+  result["requested"] = std::string(request_name(plan.requested));
+  result["note"] = plan.note;
+  result["kernel"] = plan.kernel;
+  result["pipeline"] = plan.pipeline_name();
+  result["grid"] = nb::make_tuple(plan.grid[0], plan.grid[1], plan.grid[2]);
+  result["threadgroup"] = nb::make_tuple(
+      plan.threadgroup[0], plan.threadgroup[1], plan.threadgroup[2]);
+  nb::dict memory;
+  for (auto [index, bytes] : plan.threadgroup_memory) {
+    memory[nb::int_(index)] = bytes;
+  }
+  result["threadgroup_memory"] = memory;
+  nb::dict constants;
+  for (const auto& constant : plan.constants) {
+    constants[nb::int_(constant.index)] =
+        std::visit([](auto value) { return nb::cast(value); }, constant.value);
+  }
+  result["constants"] = constants;
+  nb::dict buffers;
+  for (const auto& binding : plan.buffers) {
+    buffers[nb::int_(binding.index)] = binding_value(binding);
+  }
+  result["buffers"] = buffers;
+  return result;
+}
+
+nb::dict plan_call(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& global_scale,
+    const std::string& mode,
+    std::optional<int> group_size,
+    bool transpose,
+    const std::optional<std::string>& device,
+    const std::optional<std::string>& macos,
+    const std::optional<std::string>& kernel,
+    bool with_operands) {
+  auto node =
+      primitive_node(x, w, scales, global_scale, mode, group_size, transpose);
+  auto& primitive = static_cast<FpQuantizedMatmul&>(node.primitive());
+  auto [primitive_mode, primitive_group_size, primitive_transpose] =
+      primitive.state();
+  auto inputs = node.inputs();
+  if (with_operands) {
+    // What eval_gpu receives: evaluated inputs, copied where not readable
+    // in place.
+    mx::eval(inputs);
+    for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
+      if (!readable_in_place(inputs, i)) {
+        inputs[i] = mx::contiguous(inputs[i], false, mx::Device::cpu);
+        mx::eval(inputs[i]);
+      }
+    }
+  }
+  auto problem = describe_problem(
+      inputs,
+      node.shape(),
+      primitive_mode,
+      primitive_group_size,
+      primitive_transpose,
+      with_operands);
+  auto result = plan_dict(
+      plan(problem, device_description(device, macos), request_from(kernel)));
+  nb::list output_shape;
+  for (int size : node.shape()) {
+    output_shape.append(size);
+  }
+  result["output_shape"] = nb::tuple(output_shape);
+  if (with_operands) {
+    constexpr std::array<const char*, 4> names = {
+        "x", "w", "scales", "global_scale"};
+    nb::dict operands;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      operands[names[i]] = reachable_bytes(inputs[i]);
+    }
+    result["operands"] = operands;
+  }
+  return result;
+}
+
+}  // namespace
+
+void register_metal_bindings(nb::module_& m) {
+  m.def(
+      "kernel_path",
+      [](const mx::array& x,
+         const mx::array& w,
+         const mx::array& scales,
+         bool transpose,
+         std::optional<int> group_size,
+         const std::string& mode,
+         const std::optional<mx::array>& global_scale,
+         const std::optional<std::string>& device,
+         const std::optional<std::string>& macos,
+         const std::optional<std::string>& kernel) {
+        return plan_call(
+            x,
+            w,
+            scales,
+            global_scale,
+            mode,
+            group_size,
+            transpose,
+            device,
+            macos,
+            kernel,
+            false);
+      },
+      nb::arg(),
+      nb::arg(),
+      "scales"_a,
+      "transpose"_a = true,
+      "group_size"_a = nb::none(),
+      "mode"_a = "mxfp4",
+      nb::kw_only(),
+      "global_scale"_a = nb::none(),
+      "device"_a = nb::none(),
+      "macos"_a = nb::none(),
+      "kernel"_a = nb::none(),
+      nb::sig(
+          "def kernel_path(x: array, w: array, /, scales: array, "
+          "transpose: bool = True, group_size: Optional[int] = None, "
+          "mode: str = 'mxfp4', *, global_scale: Optional[array] = None, "
+          "device: Optional[str] = None, macos: Optional[str] = None, "
+          "kernel: Optional[str] = None) -> dict"),
+      R"pbdoc(
+        Which Metal kernel a call with these arguments runs, and why.
+
+        Plans the call exactly as the GPU evaluation does, without running
+        it. The arrays only lend their shapes and dtypes.
+
+        Args:
+            x, w, scales, transpose, group_size, mode, global_scale: as for
+              :func:`quantized_matmul` / :func:`fp4_qmm`.
+            device (str, optional): GPU architecture name such as
+              ``"applegpu_g16s"`` (generation 16, size class ``s``). Default:
+              this machine's GPU.
+            macos (str, optional): macOS version such as ``"26.2"``. Default:
+              this machine's, or the newest known elsewhere.
+            kernel (str, optional): ``"auto"``, ``"qmv"``, ``"mma"`` or
+              ``"nax"``. Default: ``MLX_FPQMM_KERNEL`` or ``"auto"``.
+
+        Returns:
+            dict: ``path`` (``"qmv"``, ``"mma"`` or ``"nax"``), ``note`` (why),
+            ``kernel`` (the host name), ``grid``, ``threadgroup``,
+            ``threadgroup_memory``, ``constants`` and ``buffers``.
+      )pbdoc");
+
+  m.def(
+      "_metal_plan",
+      &plan_call,
+      "x"_a,
+      "w"_a,
+      "scales"_a,
+      "global_scale"_a.none(),
+      "mode"_a,
+      "group_size"_a.none(),
+      "transpose"_a,
+      "device"_a,
+      "macos"_a.none(),
+      "kernel"_a,
+      "with_operands"_a,
+      "The plan of a call plus the bytes of its evaluated operands.");
+
+  m.def(
+      "_metal_choose_path",
+      [](int M,
+         int N,
+         int K,
+         bool transpose,
+         const std::string& device,
+         const std::string& macos,
+         const std::string& kernel,
+         bool nax_kernels_built) {
+        QmmProblem problem{
+            Mode::mxfp4, 32, transpose, M, N, K, FloatType::float16};
+        auto choice = choose_path(
+            problem,
+            device_description(device, macos),
+            request_from(kernel),
+            nax_kernels_built);
+        return nb::make_tuple(std::string(path_name(choice.path)), choice.note);
+      },
+      "M"_a,
+      "N"_a,
+      "K"_a,
+      "transpose"_a,
+      "device"_a,
+      "macos"_a,
+      "kernel"_a,
+      "nax_kernels_built"_a,
+      "The path choice alone, with a stand-in for whether NAX kernels exist.");
+}
+
+}  // namespace mlx_fpqmm::metal

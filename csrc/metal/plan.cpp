@@ -1,0 +1,338 @@
+#include "metal/plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "fp_params.h"
+
+namespace mlx_fpqmm::metal {
+
+namespace {
+
+constexpr std::array<std::string_view, 3> kFloatTypeNames = {
+    "float32", "float16", "bfloat16"};
+
+int ceil_div(int64_t a, int64_t b) {
+  return static_cast<int>((a + b - 1) / b);
+}
+
+int round_up(int value, int multiple) {
+  return ceil_div(value, multiple) * multiple;
+}
+
+// Threadgroup memory lengths must be multiples of 16 bytes.
+std::pair<int, int> threadgroup_buffer(int index, int bytes) {
+  return {index, round_up(bytes, 16)};
+}
+
+constexpr int kMaxThreadgroupMemory = 32 * 1024;
+
+// "e2m1" / "e4m3": the code format the kernel template is instantiated for.
+std::string_view codes_name(Mode mode) {
+  return format_for(mode).codes == CodeKind::e2m1 ? "e2m1" : "e4m3";
+}
+
+int scale_encoding(const QmmProblem& problem) {
+  switch (format_for(problem.mode).scales) {
+    case ScaleKind::e8m0:
+      return fpqmm::kScaleE8M0;
+    case ScaleKind::e4m3:
+      return fpqmm::kScaleE4M3;
+    case ScaleKind::floating:
+      break;
+  }
+  if (!problem.scale_type) {
+    throw std::invalid_argument(
+        "[metal::plan] float-scale modes need the scales' float type.");
+  }
+  switch (*problem.scale_type) {
+    case FloatType::float32:
+      return fpqmm::kScaleFloat32;
+    case FloatType::float16:
+      return fpqmm::kScaleFloat16;
+    case FloatType::bfloat16:
+      return fpqmm::kScaleBFloat16;
+  }
+  return fpqmm::kScaleFloat32;
+}
+
+std::string kernel_name(
+    std::string_view kernel, int block_m, const QmmProblem& problem) {
+  return "fpqmm_" + std::string(kernel) + "_bm" + std::to_string(block_m) +
+         "_" + std::string(codes_name(problem.mode)) + "_" +
+         std::string(type_name(problem.x_type));
+}
+
+// The kernel, grid and threadgroup memory of each family.
+void plan_qmv(const QmmProblem& p, KernelPlan& plan) {
+  bool small = p.M <= fpqmm::kQmvSmallRows;
+  int rows = small ? fpqmm::kQmvSmallRows : fpqmm::kQmvLargeRows;
+  int outputs = small ? fpqmm::kQmvSmallOutputs : fpqmm::kQmvLargeOutputs;
+  plan.kernel = kernel_name("qmv", rows, p);
+  plan.threadgroup = {fpqmm::kSimdSize * fpqmm::kQmvSimdgroups, 1, 1};
+  plan.grid = {
+      ceil_div(p.N, fpqmm::kQmvSimdgroups * outputs), ceil_div(p.M, rows), 1};
+}
+
+void plan_qvm(const QmmProblem& p, KernelPlan& plan) {
+  constexpr int columns = fpqmm::kSimdSize * fpqmm::kQvmColumnsPerLane;
+  plan.kernel = kernel_name("qvm", fpqmm::kQvmRows, p);
+  plan.threadgroup = {fpqmm::kSimdSize * fpqmm::kQvmSimdgroups, 1, 1};
+  plan.grid = {ceil_div(p.N, columns), ceil_div(p.M, fpqmm::kQvmRows), 1};
+  // Partial sums of all simdgroups but the first, reduced by the first.
+  plan.threadgroup_memory = {threadgroup_buffer(
+      0,
+      (fpqmm::kQvmSimdgroups - 1) * fpqmm::kQvmRows * columns *
+          int(sizeof(float)))};
+}
+
+void plan_mma(const QmmProblem& p, KernelPlan& plan) {
+  // 64-row tiles halve the weight traffic once x has more than 32 rows.
+  int block_m = p.transpose && p.M > 32 ? 64 : 32;
+  int item = itemsize(p.x_type);
+  int x_tile = block_m * fpqmm::padded_row(fpqmm::kMmaBlockK, item) * item;
+  int w_tile = p.transpose
+                   ? fpqmm::kMmaBlockN *
+                         fpqmm::padded_row(fpqmm::kMmaBlockK, item) * item
+                   : fpqmm::kMmaBlockK *
+                         fpqmm::padded_row(fpqmm::kMmaBlockN, item) * item;
+  plan.kernel = kernel_name(p.transpose ? "mma_t" : "mma_n", block_m, p);
+  plan.threadgroup = {fpqmm::kMmaThreads, 1, 1};
+  plan.grid = {ceil_div(p.N, fpqmm::kMmaBlockN), ceil_div(p.M, block_m), 1};
+  plan.threadgroup_memory = {
+      threadgroup_buffer(0, x_tile), threadgroup_buffer(1, w_tile)};
+}
+
+void bind_buffers(const QmmProblem& p, KernelPlan& plan) {
+  auto& b = plan.buffers;
+  b.push_back({FPQMM_BUFFER_W, Operand::w});
+  b.push_back({FPQMM_BUFFER_SCALES, Operand::scales});
+  if (p.has_global_scale) {
+    b.push_back({FPQMM_BUFFER_GLOBAL_SCALE, Operand::global_scale});
+  }
+  b.push_back({FPQMM_BUFFER_X, Operand::x});
+  b.push_back({FPQMM_BUFFER_Y, Operand::y});
+  b.push_back({FPQMM_BUFFER_M, int32_t(p.M)});
+  b.push_back({FPQMM_BUFFER_N, int32_t(p.N)});
+  b.push_back({FPQMM_BUFFER_K, int32_t(p.K)});
+  b.push_back({FPQMM_BUFFER_BATCH_NDIMS, int32_t(p.batch_shape.size())});
+  // Metal needs some bytes behind every bound slot, even when unused.
+  auto nonempty = [](auto values) {
+    if (values.empty()) {
+      values.push_back(0);
+    }
+    return values;
+  };
+  b.push_back({FPQMM_BUFFER_BATCH_SHAPE, nonempty(p.batch_shape)});
+  b.push_back({FPQMM_BUFFER_X_BATCH_STRIDES, nonempty(p.x_batch_strides)});
+  b.push_back({FPQMM_BUFFER_W_BATCH_STRIDES, nonempty(p.w_batch_strides)});
+  b.push_back(
+      {FPQMM_BUFFER_SCALES_BATCH_STRIDES, nonempty(p.scales_batch_strides)});
+}
+
+}  // namespace
+
+int itemsize(FloatType type) {
+  return type == FloatType::float32 ? 4 : 2;
+}
+
+std::string_view type_name(FloatType type) {
+  return kFloatTypeNames[static_cast<size_t>(type)];
+}
+
+std::optional<FloatType> float_type_from_name(std::string_view name) {
+  for (size_t i = 0; i < kFloatTypeNames.size(); ++i) {
+    if (kFloatTypeNames[i] == name) {
+      return static_cast<FloatType>(i);
+    }
+  }
+  return std::nullopt;
+}
+
+int GpuDevice::generation() const {
+  constexpr std::string_view prefix = "applegpu_g";
+  if (!architecture.starts_with(prefix)) {
+    return 0;
+  }
+  int generation = 0;
+  for (size_t i = prefix.size();
+       i < architecture.size() &&
+       std::isdigit(static_cast<unsigned char>(architecture[i]));
+       ++i) {
+    generation = generation * 10 + (architecture[i] - '0');
+  }
+  return generation;
+}
+
+char GpuDevice::size_class() const {
+  if (generation() == 0 ||
+      std::isdigit(static_cast<unsigned char>(architecture.back()))) {
+    return 0;
+  }
+  return architecture.back();
+}
+
+std::string_view path_name(KernelPath path) {
+  constexpr std::array<std::string_view, 3> names = {"qmv", "mma", "nax"};
+  return names[static_cast<size_t>(path)];
+}
+
+std::optional<KernelRequest> kernel_request_from_name(std::string_view name) {
+  constexpr std::array<std::pair<std::string_view, KernelRequest>, 4> names = {
+      {{"auto", KernelRequest::automatic},
+       {"qmv", KernelRequest::qmv},
+       {"mma", KernelRequest::mma},
+       {"nax", KernelRequest::nax}}};
+  for (auto [candidate, request] : names) {
+    if (name == candidate) {
+      return request;
+    }
+  }
+  return std::nullopt;
+}
+
+KernelRequest kernel_request_from_env() {
+  const char* value = std::getenv("MLX_FPQMM_KERNEL");
+  if (value == nullptr || *value == '\0') {
+    return KernelRequest::automatic;
+  }
+  auto request = kernel_request_from_name(value);
+  if (!request) {
+    throw std::invalid_argument(
+        "MLX_FPQMM_KERNEL='" + std::string(value) +
+        "' is not one of auto, qmv, mma, nax.");
+  }
+  return *request;
+}
+
+int64_t QmmProblem::batch_count() const {
+  int64_t count = 1;
+  for (int size : batch_shape) {
+    count *= size;
+  }
+  return count;
+}
+
+int decode_row_limit(const QmmProblem& problem, const GpuDevice& device) {
+  if (!problem.transpose) {
+    return fpqmm::kQvmRows;  // MLX's limit for x @ W, one qvm row block
+  }
+  // Columns: K and N both <= 2048, both <= 4096, larger.
+  struct Row {
+    int small, medium, large;
+  };
+  int generation = device.generation();
+  Row row = device.size_class() == 'd' ? Row{32, 18, 12}
+            : generation >= 17         ? Row{33, 25, 13}
+            : generation >= 15         ? Row{13, 15, 13}
+            : generation >= 13         ? Row{14, 10, 6}
+                                       : Row{18, 12, 10};
+  int extent = std::max(problem.K, problem.N);
+  return extent <= 2048 ? row.small : extent <= 4096 ? row.medium : row.large;
+}
+
+std::optional<std::string> nax_unavailable_reason(
+    const QmmProblem& problem,
+    const GpuDevice& device,
+    bool nax_kernels_built) {
+  int needed_generation = device.size_class() == 'p' ? 18 : 17;
+  if (device.generation() < needed_generation) {
+    return "the GPU (" + device.architecture + ") is older than generation " +
+           std::to_string(needed_generation);
+  }
+  if (device.macos_major < 26 ||
+      (device.macos_major == 26 && device.macos_minor < 2)) {
+    return "macOS " + std::to_string(device.macos_major) + "." +
+           std::to_string(device.macos_minor) + " is older than 26.2";
+  }
+  if (!nax_kernels_built) {
+    return std::string("this build has no NAX kernels");
+  }
+  if (!problem.transpose) {
+    return std::string("there is no NAX kernel for transpose=False");
+  }
+  if (problem.K % 64 != 0) {
+    return "K=" + std::to_string(problem.K) + " is not a multiple of 64";
+  }
+  return std::nullopt;
+}
+
+PathChoice choose_path(
+    const QmmProblem& problem,
+    const GpuDevice& device,
+    KernelRequest request,
+    bool nax_kernels_built) {
+  auto nax_blocker = nax_unavailable_reason(problem, device, nax_kernels_built);
+  switch (request) {
+    case KernelRequest::qmv:
+      return {KernelPath::qmv, "qmv requested"};
+    case KernelRequest::mma:
+      return {KernelPath::mma, "mma requested"};
+    case KernelRequest::nax:
+      if (nax_blocker) {
+        return {KernelPath::mma, "nax requested but " + *nax_blocker};
+      }
+      return {KernelPath::nax, "nax requested"};
+    case KernelRequest::automatic:
+      break;
+  }
+  int limit = decode_row_limit(problem, device);
+  std::string rows = "M=" + std::to_string(problem.M);
+  if (problem.M < limit) {
+    return {
+        KernelPath::qmv,
+        rows + " is below the decode limit " + std::to_string(limit)};
+  }
+  std::string at_limit =
+      rows + " reaches the decode limit " + std::to_string(limit);
+  if (nax_blocker) {
+    return {KernelPath::mma, at_limit + "; no NAX: " + *nax_blocker};
+  }
+  return {KernelPath::nax, at_limit};
+}
+
+std::string KernelPlan::pipeline_name() const {
+  std::string name = kernel;
+  for (const auto& constant : constants) {
+    name += "_c" + std::to_string(constant.index) + "_";
+    name += std::visit(
+        [](auto value) { return std::to_string(int(value)); }, constant.value);
+  }
+  return name;
+}
+
+KernelPlan plan(
+    const QmmProblem& problem, const GpuDevice& device, KernelRequest request) {
+  auto choice = choose_path(problem, device, request, kNaxKernelsBuilt);
+  if (choice.path == KernelPath::nax) {
+    throw std::logic_error("[metal::plan] NAX kernels are not built.");
+  }
+  KernelPlan plan{request, choice.path, std::move(choice.note)};
+  if (choice.path == KernelPath::mma) {
+    plan_mma(problem, plan);
+  } else if (problem.transpose) {
+    plan_qmv(problem, plan);
+  } else {
+    plan_qvm(problem, plan);
+  }
+  plan.grid[2] = static_cast<int>(problem.batch_count());
+  int threadgroup_bytes = 0;
+  for (auto [index, bytes] : plan.threadgroup_memory) {
+    threadgroup_bytes += bytes;
+  }
+  if (threadgroup_bytes > kMaxThreadgroupMemory) {
+    throw std::logic_error(
+        "[metal::plan] " + plan.kernel + " needs " +
+        std::to_string(threadgroup_bytes) + " bytes of threadgroup memory.");
+  }
+  plan.constants = {
+      {FPQMM_CONSTANT_GROUP_SIZE, int32_t(problem.group_size)},
+      {FPQMM_CONSTANT_SCALE_ENCODING, int32_t(scale_encoding(problem))},
+      {FPQMM_CONSTANT_HAS_GLOBAL_SCALE, problem.has_global_scale}};
+  bind_buffers(problem, plan);
+  return plan;
+}
+
+}  // namespace mlx_fpqmm::metal

@@ -1,0 +1,119 @@
+// Every decision of the Metal path in plain C++ (built and tested on Linux):
+// which kernel a call runs, on what grid, with which threadgroup memory,
+// function constants and buffer bindings. eval_gpu only carries a plan out.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "formats.h"
+
+namespace mlx_fpqmm::metal {
+
+enum class FloatType { float32, float16, bfloat16 };
+
+int itemsize(FloatType type);
+std::string_view type_name(FloatType type);  // "float32", "float16", ...
+std::optional<FloatType> float_type_from_name(std::string_view name);
+
+// What the plan needs to know about the GPU.
+struct GpuDevice {
+  std::string architecture;  // MTLDevice architecture name, "applegpu_g16s"
+  int macos_major = 0;
+  int macos_minor = 0;
+
+  // The two digits after "applegpu_g" (0 when the name has another form).
+  int generation() const;
+  // The size class after the generation: 'p' phone, 'g' base/Pro,
+  // 's' Max, 'd' Ultra (0 when absent).
+  char size_class() const;
+};
+
+enum class KernelPath { qmv, mma, nax };
+enum class KernelRequest { automatic, qmv, mma, nax };
+
+std::string_view path_name(KernelPath path);
+std::optional<KernelRequest> kernel_request_from_name(std::string_view name);
+// MLX_FPQMM_KERNEL=auto|qmv|mma|nax (unset: auto); throws on other values.
+KernelRequest kernel_request_from_env();
+
+// One FpQuantizedMatmul call as the kernels see it: x is (batch..., M, K),
+// w and scales are (batch..., N or K, ...), y is (batch..., M, N) contiguous.
+// With 2-D weights every leading dimension of x is folded into M.
+struct QmmProblem {
+  Mode mode;
+  int group_size;
+  bool transpose;
+  int M, N, K;
+  FloatType x_type;
+  std::optional<FloatType> scale_type;  // float-scale modes only
+  bool has_global_scale = false;
+  std::vector<int> batch_shape;  // empty: one matrix product
+  // Per batch axis, in elements of each buffer (uint32 words for w).
+  std::vector<int64_t> x_batch_strides;
+  std::vector<int64_t> w_batch_strides;
+  std::vector<int64_t> scales_batch_strides;
+
+  int64_t batch_count() const;
+};
+
+// Below this many rows of x the decode (matrix-vector) kernels beat the MMA
+// kernels; MLX's table for transpose=True, by GPU generation and size class.
+int decode_row_limit(const QmmProblem& problem, const GpuDevice& device);
+
+// Why the NAX kernels cannot run this problem on this device, or nothing.
+std::optional<std::string> nax_unavailable_reason(
+    const QmmProblem& problem, const GpuDevice& device, bool nax_kernels_built);
+
+struct PathChoice {
+  KernelPath path;
+  std::string note;  // why, including why not the requested path
+};
+
+PathChoice choose_path(
+    const QmmProblem& problem,
+    const GpuDevice& device,
+    KernelRequest request,
+    bool nax_kernels_built);
+
+// Whether this build holds NAX kernels (they land with the NAX issue).
+inline constexpr bool kNaxKernelsBuilt = false;
+
+enum class Operand { w, scales, global_scale, x, y };
+
+struct BufferBinding {
+  int index;
+  std::variant<Operand, int32_t, std::vector<int32_t>, std::vector<int64_t>>
+      value;
+};
+
+struct FunctionConstant {
+  int index;
+  std::variant<bool, int32_t> value;
+};
+
+struct KernelPlan {
+  KernelRequest requested;
+  KernelPath path;
+  std::string note;
+  std::string kernel;              // host_name in the metallib
+  std::array<int, 3> grid;         // threadgroups
+  std::array<int, 3> threadgroup;  // threads
+  std::vector<std::pair<int, int>> threadgroup_memory;  // index, bytes
+  std::vector<FunctionConstant> constants;
+  std::vector<BufferBinding> buffers;
+
+  // The kernel name with its function-constant values: the pipeline cache key.
+  std::string pipeline_name() const;
+};
+
+KernelPlan plan(
+    const QmmProblem& problem, const GpuDevice& device, KernelRequest request);
+
+}  // namespace mlx_fpqmm::metal

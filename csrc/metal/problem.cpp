@@ -1,0 +1,123 @@
+#include "metal/problem.h"
+
+#include <charconv>
+#include <stdexcept>
+
+#ifdef __APPLE__
+#include <sys/sysctl.h>
+#endif
+
+namespace mlx_fpqmm::metal {
+
+namespace {
+
+FloatType float_type(mx::Dtype dtype) {
+  if (dtype == mx::float32) {
+    return FloatType::float32;
+  }
+  if (dtype == mx::float16) {
+    return FloatType::float16;
+  }
+  if (dtype == mx::bfloat16) {
+    return FloatType::bfloat16;
+  }
+  throw std::invalid_argument("[metal] x and float scales must be floats.");
+}
+
+std::vector<int64_t> batch_strides(const mx::array& a, bool strides_known) {
+  int batch_ndims = static_cast<int>(a.ndim()) - 2;
+  std::vector<int64_t> strides(batch_ndims);
+  int64_t contiguous = int64_t(a.shape(-1)) * a.shape(-2);
+  for (int axis = batch_ndims - 1; axis >= 0; --axis) {
+    strides[axis] = strides_known ? a.strides()[axis] : contiguous;
+    contiguous *= a.shape(axis);
+  }
+  return strides;
+}
+
+bool folds_rows(const std::vector<mx::array>& inputs) {
+  return inputs[1].ndim() == 2;
+}
+
+}  // namespace
+
+bool readable_in_place(const std::vector<mx::array>& inputs, int index) {
+  const auto& a = inputs[index];
+  if (index == 3) {
+    return true;  // the global scale: one float
+  }
+  if (index == 0 && folds_rows(inputs)) {
+    return a.flags().row_contiguous;
+  }
+  int rows = a.shape(-2);
+  int cols = a.shape(-1);
+  return (cols <= 1 || a.strides()[a.ndim() - 1] == 1) &&
+         (rows <= 1 || a.strides()[a.ndim() - 2] == cols);
+}
+
+QmmProblem describe_problem(
+    const std::vector<mx::array>& inputs,
+    const mx::Shape& out_shape,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    bool strides_known) {
+  const auto& x = inputs[0];
+  const auto& scales = inputs[2];
+  QmmProblem problem{
+      mode,
+      group_size,
+      transpose,
+      0,
+      out_shape.back(),
+      x.shape(-1),
+      float_type(x.dtype())};
+  if (format_for(mode).scales == ScaleKind::floating) {
+    problem.scale_type = float_type(scales.dtype());
+  }
+  problem.has_global_scale = inputs.size() > 3;
+  if (folds_rows(inputs)) {
+    problem.M = static_cast<int>(x.size() / problem.K);
+    return problem;
+  }
+  problem.M = x.shape(-2);
+  problem.batch_shape.assign(out_shape.begin(), out_shape.end() - 2);
+  problem.x_batch_strides = batch_strides(x, strides_known);
+  problem.w_batch_strides = batch_strides(inputs[1], strides_known);
+  problem.scales_batch_strides = batch_strides(scales, strides_known);
+  return problem;
+}
+
+std::pair<int, int> parse_os_version(const std::string& version) {
+  int major = 0;
+  int minor = 0;
+  const char* end = version.data() + version.size();
+  auto [after_major, major_error] = std::from_chars(version.data(), end, major);
+  bool valid = major_error == std::errc();
+  if (valid && after_major != end) {
+    valid = *after_major == '.';
+    auto [after_minor, minor_error] =
+        std::from_chars(after_major + 1, end, minor);
+    valid = valid && minor_error == std::errc() &&
+            (after_minor == end || *after_minor == '.');
+  }
+  if (!valid) {
+    throw std::invalid_argument(
+        "macOS version '" + version + "' is not of the form '26.2'.");
+  }
+  return {major, minor};
+}
+
+std::pair<int, int> running_macos_version() {
+#ifdef __APPLE__
+  char version[64] = {};
+  size_t length = sizeof(version) - 1;
+  if (sysctlbyname("kern.osproductversion", version, &length, nullptr, 0) ==
+      0) {
+    return parse_os_version(version);
+  }
+#endif
+  return {0, 0};
+}
+
+}  // namespace mlx_fpqmm::metal

@@ -1,0 +1,135 @@
+// What every fp-quantized matmul kernel shares: the function constants, the
+// buffer parameters, batch offsets and packed-code loads.
+#pragma once
+
+#include <metal_stdlib>
+
+#include "fp_decode.h"
+#include "fp_params.h"
+
+namespace fpqmm {
+
+using namespace metal;
+
+constant int group_size [[function_constant(FPQMM_CONSTANT_GROUP_SIZE)]];
+constant int scale_encoding
+    [[function_constant(FPQMM_CONSTANT_SCALE_ENCODING)]];
+constant bool has_global_scale
+    [[function_constant(FPQMM_CONSTANT_HAS_GLOBAL_SCALE)]];
+
+// The buffers of every kernel, in the slots of fp_params.h.
+#define FPQMM_BUFFERS(T)                                                      \
+  const device uint32_t *w [[buffer(FPQMM_BUFFER_W)]],                        \
+      const device uint8_t *scales [[buffer(FPQMM_BUFFER_SCALES)]],           \
+      const device float *global_scale [[buffer(FPQMM_BUFFER_GLOBAL_SCALE)]], \
+      const device T *x [[buffer(FPQMM_BUFFER_X)]],                           \
+      device T *y [[buffer(FPQMM_BUFFER_Y)]],                                 \
+      constant int &M [[buffer(FPQMM_BUFFER_M)]],                             \
+      constant int &N [[buffer(FPQMM_BUFFER_N)]],                             \
+      constant int &K [[buffer(FPQMM_BUFFER_K)]],                             \
+      constant int &batch_ndims [[buffer(FPQMM_BUFFER_BATCH_NDIMS)]],         \
+      constant int *batch_shape [[buffer(FPQMM_BUFFER_BATCH_SHAPE)]],         \
+      constant int64_t *x_batch_strides                                       \
+      [[buffer(FPQMM_BUFFER_X_BATCH_STRIDES)]],                               \
+      constant int64_t *w_batch_strides                                       \
+      [[buffer(FPQMM_BUFFER_W_BATCH_STRIDES)]],                               \
+      constant int64_t *scales_batch_strides                                  \
+      [[buffer(FPQMM_BUFFER_SCALES_BATCH_STRIDES)]]
+
+// The matrices of one batch element.
+template <typename T>
+struct Operands {
+  const device uint32_t* w;
+  GroupScales scales;
+  const device T* x;
+  device T* y;
+};
+
+// Offsets x, w and scales to batch element `batch` through their strides
+// (broadcast axes have stride 0); y is contiguous.
+#define FPQMM_OPERANDS(T, batch) \
+  batch_operands<T>(             \
+      w,                         \
+      scales,                    \
+      global_scale,              \
+      x,                         \
+      y,                         \
+      M,                         \
+      N,                         \
+      batch_ndims,               \
+      batch_shape,               \
+      x_batch_strides,           \
+      w_batch_strides,           \
+      scales_batch_strides,      \
+      batch)
+
+template <typename T>
+inline Operands<T> batch_operands(
+    const device uint32_t* w,
+    const device uint8_t* scales,
+    const device float* global_scale,
+    const device T* x,
+    device T* y,
+    int M,
+    int N,
+    int batch_ndims,
+    constant int* batch_shape,
+    constant int64_t* x_batch_strides,
+    constant int64_t* w_batch_strides,
+    constant int64_t* scales_batch_strides,
+    uint batch) {
+  int64_t x_offset = 0;
+  int64_t w_offset = 0;
+  int64_t scales_offset = 0;
+  uint rest = batch;
+  for (int axis = batch_ndims - 1; axis >= 0; --axis) {
+    int64_t index = rest % uint(batch_shape[axis]);
+    rest /= uint(batch_shape[axis]);
+    x_offset += index * x_batch_strides[axis];
+    w_offset += index * w_batch_strides[axis];
+    scales_offset += index * scales_batch_strides[axis];
+  }
+  GroupScales group_scales{
+      scales + scales_offset * scale_itemsize(scale_encoding),
+      scale_encoding,
+      global_scale_factor(global_scale, has_global_scale)};
+  return {w + w_offset, group_scales, x + x_offset, y + int64_t(batch) * M * N};
+}
+
+// Loads `words` consecutive uint32 (1, 2 or 4) in one access.
+template <int words>
+inline void load_words(const device uint32_t* source, thread uint32_t* out) {
+  static_assert(words == 1 || words == 2 || words == 4, "1, 2 or 4 words");
+  if constexpr (words == 4) {
+    uint4 packed = *(const device uint4*)source;
+    for (int i = 0; i < 4; ++i) {
+      out[i] = packed[i];
+    }
+  } else if constexpr (words == 2) {
+    uint2 packed = *(const device uint2*)source;
+    out[0] = packed.x;
+    out[1] = packed.y;
+  } else {
+    out[0] = source[0];
+  }
+}
+
+// Code i of a run of packed words (least significant bits first).
+template <int bits>
+inline uint code_at(const thread uint32_t* words, int i) {
+  constexpr int per_word = 32 / bits;
+  return (words[i / per_word] >> (bits * (i % per_word))) & ((1u << bits) - 1);
+}
+
+}  // namespace fpqmm
+
+// An explicit instantiation of a kernel template under a host name.
+#define FPQMM_INSTANTIATE(name, function, ...)                            \
+  template [[host_name(name)]] [[kernel]] decltype(function<__VA_ARGS__>) \
+      function<__VA_ARGS__>;
+
+// Calls m(type_name, T, codes, bits, ...) for each x type and code format.
+#define FPQMM_FOR_TYPES_AND_CODES(m)                      \
+  m(float32, float, e2m1, 4) m(float32, float, e4m3, 8)   \
+      m(float16, half, e2m1, 4) m(float16, half, e4m3, 8) \
+          m(bfloat16, bfloat, e2m1, 4) m(bfloat16, bfloat, e4m3, 8)

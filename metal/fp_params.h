@@ -1,0 +1,71 @@
+// The contract between the Metal kernels and the host plan
+// (csrc/metal/plan.cpp): buffer and function-constant indices, scale
+// encodings and tile geometry. Compiled both as MSL and as C++.
+#pragma once
+
+#ifdef __METAL_VERSION__
+#define FPQMM_CONST constant constexpr
+#else
+#define FPQMM_CONST inline constexpr
+#endif
+
+namespace fpqmm {
+
+// [[buffer(n)]] slots, the same for every kernel, and [[function_constant(n)]]
+// indices (fixed per pipeline, so the compiler specialises the scale decode
+// and the group arithmetic). Macros: they appear inside attributes.
+#define FPQMM_BUFFER_W 0
+#define FPQMM_BUFFER_SCALES 1
+#define FPQMM_BUFFER_GLOBAL_SCALE 2  // bound only with has_global_scale
+#define FPQMM_BUFFER_X 3
+#define FPQMM_BUFFER_Y 4
+#define FPQMM_BUFFER_M 5
+#define FPQMM_BUFFER_N 6
+#define FPQMM_BUFFER_K 7
+#define FPQMM_BUFFER_BATCH_NDIMS 8  // 0: one matrix product
+#define FPQMM_BUFFER_BATCH_SHAPE 9
+#define FPQMM_BUFFER_X_BATCH_STRIDES 10       // in elements
+#define FPQMM_BUFFER_W_BATCH_STRIDES 11       // in uint32 words
+#define FPQMM_BUFFER_SCALES_BATCH_STRIDES 12  // in scale elements
+#define FPQMM_CONSTANT_GROUP_SIZE 100
+#define FPQMM_CONSTANT_SCALE_ENCODING 101
+#define FPQMM_CONSTANT_HAS_GLOBAL_SCALE 102
+
+// Values of the scale-encoding function constant.
+FPQMM_CONST int kScaleE8M0 = 0;
+FPQMM_CONST int kScaleE4M3 = 1;
+FPQMM_CONST int kScaleFloat32 = 2;
+FPQMM_CONST int kScaleFloat16 = 3;
+FPQMM_CONST int kScaleBFloat16 = 4;
+
+FPQMM_CONST int kSimdSize = 32;
+
+// MMA kernels: a BM x 32 output tile per threadgroup of 2 x 2 simdgroups,
+// K in blocks of 32. BM is 32 or 64 (a template parameter).
+FPQMM_CONST int kMmaBlockN = 32;
+FPQMM_CONST int kMmaBlockK = 32;
+FPQMM_CONST int kMmaThreads = 4 * kSimdSize;
+// Threadgroup tiles are padded by 16 bytes per row against bank conflicts.
+constexpr int padded_row(int elements, int itemsize) {
+  return elements + 16 / itemsize;
+}
+
+// Decode kernel for transpose=True (qmv): each simdgroup owns `rows` outputs
+// of one x-row block; each lane reads 8 bytes of each weight row per step.
+// Two variants: up to 8 x rows with 2 outputs per simdgroup, and up to 32 x
+// rows with 1 (bounded registers: rows x outputs accumulators per lane).
+FPQMM_CONST int kQmvSimdgroups = 2;
+FPQMM_CONST int kQmvBytesPerLane = 8;
+FPQMM_CONST int kQmvSmallRows = 8;
+FPQMM_CONST int kQmvSmallOutputs = 2;
+FPQMM_CONST int kQmvLargeRows = 32;
+FPQMM_CONST int kQmvLargeOutputs = 1;
+
+// Decode kernel for transpose=False (qvm): each lane owns 8 adjacent output
+// columns, the simdgroups of a threadgroup split K, and x rows come in
+// blocks of kQvmRows.
+FPQMM_CONST int kQvmSimdgroups = 4;
+FPQMM_CONST int kQvmColumnsPerLane = 8;
+FPQMM_CONST int kQvmRows = 4;
+
+}  // namespace fpqmm

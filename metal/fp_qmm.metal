@@ -1,0 +1,27 @@
+// Every kernel of the base metallib, as fpqmm_<kernel>_bm<rows>_<codes>_<type>:
+//   qmv_bm8, qmv_bm32  decode, y = x @ W^T (up to 8 / 32 rows of x per pass)
+//   qvm_bm4            decode, y = x @ W
+//   mma_t_bm32, _bm64  simdgroup-matrix tiles, y = x @ W^T
+//   mma_n_bm32         simdgroup-matrix tiles, y = x @ W
+// codes: e2m1 (fp4 modes) or e4m3 (fp8 modes); type: float32, float16,
+// bfloat16. One file: the function constants of fp_common.h are defined once.
+#include "fp_mma.h"
+#include "fp_qmv.h"
+
+namespace fpqmm {
+
+// clang-format off
+#define FPQMM_INSTANTIATE_ALL(type_name, T, codes, bits)                                         \
+  FPQMM_INSTANTIATE("fpqmm_qmv_bm8_" #codes "_" #type_name,                                      \
+                    fp_qmv, T, bits, kQmvSmallRows, kQmvSmallOutputs)                            \
+  FPQMM_INSTANTIATE("fpqmm_qmv_bm32_" #codes "_" #type_name,                                     \
+                    fp_qmv, T, bits, kQmvLargeRows, kQmvLargeOutputs)                            \
+  FPQMM_INSTANTIATE("fpqmm_qvm_bm4_" #codes "_" #type_name, fp_qvm, T, bits)                     \
+  FPQMM_INSTANTIATE("fpqmm_mma_t_bm32_" #codes "_" #type_name, fp_qmm, T, bits, 32, true)        \
+  FPQMM_INSTANTIATE("fpqmm_mma_t_bm64_" #codes "_" #type_name, fp_qmm, T, bits, 64, true)        \
+  FPQMM_INSTANTIATE("fpqmm_mma_n_bm32_" #codes "_" #type_name, fp_qmm, T, bits, 32, false)
+
+FPQMM_FOR_TYPES_AND_CODES(FPQMM_INSTANTIATE_ALL)
+// clang-format on
+
+}  // namespace fpqmm

@@ -1,0 +1,177 @@
+"""Run mlx_fpqmm's Metal kernels anywhere, through the Metal simulator.
+
+The simulator (``tests/metal_sim``) compiles the unmodified ``metal/*.metal``
+kernels for the CPU, so this needs a source checkout of mlx_fpqmm. Each call is
+planned by the same C++ code as the GPU evaluation (``kernel_path``), then
+dispatched with that plan's kernel, grid, threadgroup memory, function
+constants and buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from . import _ext
+
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
+METAL_DIR = SOURCE_ROOT / "metal"
+SIMULATOR_DIR = SOURCE_ROOT / "tests"
+
+# Buffer contents as NumPy sees them (bfloat16 travels as its raw bits).
+_NUMPY_TYPES = {
+    mx.float32: np.float32,
+    mx.float16: np.float16,
+    mx.bfloat16: np.uint16,
+    mx.uint32: np.uint32,
+    mx.uint8: np.uint8,
+}
+_NAN_BITS_BFLOAT16 = 0x7FC0
+
+
+def kernel_sources() -> list[Path]:
+    """The .metal files of the base metallib (what CMake compiles on macOS)."""
+    return sorted(METAL_DIR.glob("*.metal"))
+
+
+@functools.cache
+def library():
+    """The simulator's build of every kernel in ``kernel_sources()``."""
+    if not (SIMULATOR_DIR / "metal_sim").is_dir() or not kernel_sources():
+        raise RuntimeError(
+            "mlx_fpqmm.testing needs a source checkout of mlx_fpqmm: the Metal kernels "
+            f"({METAL_DIR}) and the simulator ({SIMULATOR_DIR / 'metal_sim'}) were not found."
+        )
+    if str(SIMULATOR_DIR) not in sys.path:
+        sys.path.insert(0, str(SIMULATOR_DIR))
+    from metal_sim import Library
+
+    return Library(kernel_sources(), include_dirs=[METAL_DIR])
+
+
+@dataclass
+class MetalRun:
+    """One simulated call: its output, the plan it ran and the simulator's counters."""
+
+    y: np.ndarray
+    plan: dict[str, Any]
+    counters: dict[str, Any]
+
+
+def _as_mlx(a):
+    return a if a is None or isinstance(a, mx.array) else mx.array(a)
+
+
+def _buffer(contents: bytes, dtype: mx.Dtype) -> np.ndarray:
+    return np.frombuffer(contents, dtype=_NUMPY_TYPES[dtype]).copy()
+
+
+def run_metal(
+    x,
+    w,
+    scales,
+    *,
+    mode: str,
+    transpose: bool = True,
+    group_size: int | None = None,
+    global_scale=None,
+    device: str = "applegpu_g16s",
+    macos: str | None = None,
+    kernel: str = "auto",
+) -> MetalRun:
+    """Plans the call as the GPU evaluation would on ``device`` and simulates it."""
+    x, w, scales, global_scale = map(_as_mlx, (x, w, scales, global_scale))
+    plan = _ext._metal_plan(
+        x, w, scales, global_scale, mode, group_size, transpose, device, macos, kernel, True
+    )
+    if kernel != "auto" and plan["path"] != kernel:
+        raise RuntimeError(f"kernel={kernel!r} is unavailable: {plan['note']}")
+    output_shape = plan["output_shape"]
+    out_type = _NUMPY_TYPES[x.dtype]
+    # NaN everywhere, so an output element the kernel never writes shows.
+    nan = _NAN_BITS_BFLOAT16 if x.dtype == mx.bfloat16 else np.nan
+    y = np.full(math.prod(output_shape), nan, dtype=out_type)
+    counters: dict[str, Any] = {}
+    if y.size > 0:
+        operand_types = {
+            "x": x.dtype,
+            "w": mx.uint32,
+            "scales": scales.dtype,
+            "global_scale": mx.float32,
+        }
+        operands = {
+            name: _buffer(data, operand_types[name]) for name, data in plan["operands"].items()
+        }
+        operands["y"] = y
+        vectors = {"int32[]": np.int32, "int64[]": np.int64}
+        buffers: dict[int, Any] = {}
+        for index, (kind, value) in plan["buffers"].items():
+            if kind == "operand":
+                buffers[index] = operands[value]
+            elif kind == "int32":
+                buffers[index] = np.int32(value)
+            else:
+                buffers[index] = np.array(value, dtype=vectors[kind]).tobytes()
+        counters = (
+            library()
+            .dispatch(
+                plan["kernel"],
+                buffers=buffers,
+                grid=plan["grid"],
+                threadgroup=plan["threadgroup"],
+                threadgroup_memory=plan["threadgroup_memory"],
+                constants=plan["constants"],
+            )
+            .counters
+        )
+    y = y.reshape(output_shape)
+    if x.dtype == mx.bfloat16:
+        y = np.array(mx.array(y).view(mx.bfloat16).astype(mx.float32))
+    if x.ndim == 1:
+        y = y.squeeze(-2)
+    return MetalRun(y, plan, counters)
+
+
+def metal_qmm(
+    x,
+    w,
+    scales,
+    *,
+    mode: str,
+    transpose: bool = True,
+    group_size: int | None = None,
+    global_scale=None,
+    device: str = "applegpu_g16s",
+    kernel: str = "auto",
+) -> np.ndarray:
+    """``quantized_matmul`` as mlx_fpqmm's Metal kernels compute it, simulated on the CPU.
+
+    Args:
+        x, w, scales, mode, transpose, group_size, global_scale: as for
+          :func:`mlx_fpqmm.fp4_qmm` / :func:`mlx_fpqmm.fp8_qmm` (NumPy or MLX arrays).
+        device (str): the GPU architecture to plan for, e.g. ``"applegpu_g13s"``.
+        kernel (str): ``"auto"`` (the plan's choice), or force ``"qmv"``,
+          ``"mma"`` or ``"nax"``; a forced kernel the plan cannot use raises.
+
+    Returns:
+        np.ndarray: the result, float32 or float16 as ``x`` (float32 for bfloat16 ``x``,
+        holding the bfloat16 values exactly).
+    """
+    return run_metal(
+        x,
+        w,
+        scales,
+        mode=mode,
+        transpose=transpose,
+        group_size=group_size,
+        global_scale=global_scale,
+        device=device,
+        kernel=kernel,
+    ).y
