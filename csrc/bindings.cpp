@@ -5,6 +5,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include "metal/bindings.h"
 #include "ops.h"
 
 namespace nb = nanobind;
@@ -40,6 +41,7 @@ NB_MODULE(_ext, m) {
   m.doc() = "fp4 / fp8 quantized matrix multiplication for MLX";
 
   m.def("formats", &format_table, "The format table: one dict per mode.");
+  mlx_fpqmm::metal::register_metal_bindings(m);
 
   m.def(
       "fp4_qmm",
