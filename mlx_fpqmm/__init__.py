@@ -17,6 +17,7 @@ from ._ext import (  # noqa: E402
     formats,
     fp4_qmm,
     fp8_qmm,
+    kernel_path,
     quantize,
     quantized_matmul,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "fp4_qmm",
     "fp8_qmm",
     "formats",
+    "kernel_path",
     "nn",
     "quantize",
     "quantized_matmul",

@@ -1,16 +1,125 @@
-// FpQuantizedMatmul on Apple GPUs. The Metal kernels land with the Metal
-// kernel issue; until then a GPU stream gets an error that names the way out.
+// FpQuantizedMatmul on Apple GPUs: carries out the plan of csrc/metal/plan.h
+// (kernel, grid, threadgroup memory, function constants, buffers) with the
+// project's own metallib, installed beside this module.
 #include <stdexcept>
 
 #include "primitives.h"
+
+#ifdef _METAL_
+
+#include <dlfcn.h>
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/metal/device.h"
+
+#include "metal/plan.h"
+#include "metal/problem.h"
+
+namespace mlx_fpqmm {
+
+namespace {
+
+// The directory of this extension module (MLX's own current_binary_dir()
+// would name libmlx's).
+const std::string& module_directory() {
+  static const std::string directory = [] {
+    Dl_info info;
+    dladdr(reinterpret_cast<void*>(&module_directory), &info);
+    std::string path = info.dli_fname;
+    return path.substr(0, path.rfind('/'));
+  }();
+  return directory;
+}
+
+metal::GpuDevice gpu_device(mx::metal::Device& d) {
+  static const auto macos = metal::running_macos_version();
+  return {d.get_architecture(), macos.first, macos.second};
+}
+
+}  // namespace
+
+void FpQuantizedMatmul::eval_gpu(
+    const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& s = stream();
+  auto& d = mx::metal::device(s.device);
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) {
+    return;
+  }
+  for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
+    if (!metal::readable_in_place(inputs, i)) {
+      // libmlx does not export its GPU copy to extensions.
+      throw std::invalid_argument(
+          "[FpQuantizedMatmul] The Metal kernels need row-contiguous "
+          "matrices; pass mx.contiguous(...) of the inputs or run on the "
+          "CPU stream.");
+    }
+  }
+  auto problem = metal::describe_problem(
+      inputs, out.shape(), mode_, group_size_, transpose_, true);
+  auto plan =
+      metal::plan(problem, gpu_device(d), metal::kernel_request_from_env());
+
+  mx::metal::MTLFCList constants;
+  for (const auto& constant : plan.constants) {
+    bool is_bool = std::holds_alternative<bool>(constant.value);
+    constants.emplace_back(
+        std::visit(
+            [](const auto& v) -> const void* { return &v; }, constant.value),
+        is_bool ? MTL::DataType::DataTypeBool : MTL::DataType::DataTypeInt,
+        constant.index);
+  }
+  auto* library = d.get_library("mlx_fpqmm", module_directory());
+  auto* kernel =
+      d.get_kernel(plan.kernel, library, plan.pipeline_name(), constants);
+
+  auto& encoder = mx::metal::get_command_encoder(s);
+  encoder.set_compute_pipeline_state(kernel);
+  for (const auto& binding : plan.buffers) {
+    std::visit(
+        [&](const auto& value) {
+          using V = std::decay_t<decltype(value)>;
+          if constexpr (std::is_same_v<V, metal::Operand>) {
+            if (value == metal::Operand::y) {
+              encoder.set_output_array(out, binding.index);
+            } else {
+              constexpr int kInputOf[] = {1, 2, 3, 0};  // w, scales, g, x
+              encoder.set_input_array(
+                  inputs[kInputOf[static_cast<int>(value)]], binding.index);
+            }
+          } else if constexpr (std::is_same_v<V, int32_t>) {
+            encoder.set_bytes(value, binding.index);
+          } else {
+            encoder.set_vector_bytes(value, binding.index);
+          }
+        },
+        binding.value);
+  }
+  for (auto [index, bytes] : plan.threadgroup_memory) {
+    encoder.set_threadgroup_memory_length(bytes, index);
+  }
+  encoder.dispatch_threadgroups(
+      MTL::Size(plan.grid[0], plan.grid[1], plan.grid[2]),
+      MTL::Size(plan.threadgroup[0], plan.threadgroup[1], plan.threadgroup[2]));
+}
+
+}  // namespace mlx_fpqmm
+
+#else  // no Metal in this build
 
 namespace mlx_fpqmm {
 
 void FpQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   throw std::runtime_error(
-      "[FpQuantizedMatmul] The Metal kernels of mlx_fpqmm are not available "
-      "in this build; run the op on the CPU with stream=mx.cpu (or "
+      "[FpQuantizedMatmul] This build of mlx_fpqmm has no Metal kernels; run "
+      "the op on the CPU with stream=mx.cpu (or "
       "mx.set_default_device(mx.cpu)).");
 }
 
 }  // namespace mlx_fpqmm
+
+#endif

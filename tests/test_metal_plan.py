@@ -1,0 +1,195 @@
+"""The Metal plan (csrc/metal/plan.cpp) on fake devices: path choice by GPU
+generation, NAX gating, the MLX_FPQMM_KERNEL override and the dispatch shapes."""
+
+import mlx.core as mx
+import pytest
+
+import mlx_fpqmm
+from mlx_fpqmm import _ext
+
+
+def problem(M, N=256, K=256, mode="mxfp4", transpose=True, dtype=mx.float16, batch=()):
+    w = mx.zeros((*batch, N, K) if transpose else (*batch, K, N), dtype=mx.float32)
+    w_q, scales = mlx_fpqmm.quantize(w, mode=mode)
+    x = mx.zeros((*batch, M, K), dtype=dtype)
+    return x, w_q, scales
+
+
+def path_of(M, N, K, device, transpose=True, macos="26.2", kernel="auto", nax_built=False):
+    return _ext._metal_choose_path(M, N, K, transpose, device, macos, kernel, nax_built)[0]
+
+
+# (device, K = N, the decode limit MLX's table gives): decode below it, MMA from it.
+DECODE_LIMITS = [
+    ("applegpu_g13s", 2048, 14),
+    ("applegpu_g13s", 4096, 10),
+    ("applegpu_g13s", 8192, 6),
+    ("applegpu_g14g", 8192, 6),
+    ("applegpu_g13d", 2048, 32),
+    ("applegpu_g13d", 4096, 18),
+    ("applegpu_g16s", 2048, 13),
+    ("applegpu_g16s", 4096, 15),
+    ("applegpu_g16s", 8192, 13),
+    ("applegpu_g17s", 2048, 33),
+    ("applegpu_g17s", 4096, 25),
+    ("applegpu_g17s", 8192, 13),
+    ("applegpu_g18p", 4096, 25),
+    ("applegpu_g12g", 2048, 18),
+]
+
+
+@pytest.mark.parametrize("device,size,limit", DECODE_LIMITS)
+def test_decode_below_the_generation_limit(device, size, limit):
+    assert path_of(limit - 1, size, size, device) == "qmv"
+    assert path_of(limit, size, size, device) == "mma"
+
+
+def test_decode_limit_uses_the_larger_of_k_and_n():
+    assert path_of(20, 2048, 8192, "applegpu_g17s") == "mma"  # limit 13
+    assert path_of(20, 2048, 2048, "applegpu_g17s") == "qmv"  # limit 33
+
+
+def test_transpose_false_decodes_below_four_rows():
+    assert path_of(3, 256, 256, "applegpu_g17s", transpose=False) == "qmv"
+    assert path_of(4, 256, 256, "applegpu_g17s", transpose=False) == "mma"
+
+
+@pytest.mark.parametrize(
+    "device,macos,expected",
+    [
+        ("applegpu_g17s", "26.2", "nax"),
+        ("applegpu_g17g", "27.0", "nax"),
+        ("applegpu_g17s", "26.1", "mma"),
+        ("applegpu_g17s", "15.7", "mma"),
+        ("applegpu_g16s", "26.2", "mma"),
+        ("applegpu_g13s", "26.2", "mma"),
+        ("applegpu_g17p", "26.2", "mma"),  # phone-class GPUs need generation 18
+        ("applegpu_g18p", "26.2", "nax"),
+    ],
+)
+def test_nax_gate_by_generation_and_os(device, macos, expected):
+    assert path_of(64, 4096, 4096, device, macos=macos, nax_built=True) == expected
+
+
+def test_nax_needs_built_kernels_transpose_and_k_multiple_of_64():
+    assert path_of(64, 4096, 4096, "applegpu_g17s") == "mma"  # not built
+    assert path_of(64, 4096, 4096, "applegpu_g17s", transpose=False, nax_built=True) == "mma"
+    assert path_of(64, 4096, 4096 + 32, "applegpu_g17s", nax_built=True) == "mma"
+
+
+def test_this_build_reports_why_there_is_no_nax():
+    plan = mlx_fpqmm.kernel_path(*problem(64), device="applegpu_g17s", macos="26.2")
+    assert plan["path"] == "mma"
+    assert "no NAX kernels" in plan["note"]
+
+
+@pytest.mark.parametrize("kernel", ["qmv", "mma"])
+def test_forced_kernel(kernel):
+    for M in (1, 100):
+        plan = mlx_fpqmm.kernel_path(*problem(M), device="applegpu_g16s", kernel=kernel)
+        assert plan["path"] == kernel and plan["requested"] == kernel
+
+
+def test_forced_nax_falls_back_to_mma_and_says_why():
+    plan = mlx_fpqmm.kernel_path(*problem(64), device="applegpu_g16s", kernel="nax")
+    assert plan["path"] == "mma"
+    assert plan["note"].startswith("nax requested but")
+
+
+def test_environment_override(monkeypatch):
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", "mma")
+    assert mlx_fpqmm.kernel_path(*problem(1), device="applegpu_g16s")["path"] == "mma"
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", "qmv")
+    assert mlx_fpqmm.kernel_path(*problem(500), device="applegpu_g16s")["path"] == "qmv"
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", "auto")
+    assert mlx_fpqmm.kernel_path(*problem(1), device="applegpu_g16s")["path"] == "qmv"
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", "fast")
+    with pytest.raises(ValueError, match="MLX_FPQMM_KERNEL='fast'"):
+        mlx_fpqmm.kernel_path(*problem(1), device="applegpu_g16s")
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="kernel='gemv'"):
+        mlx_fpqmm.kernel_path(*problem(1), device="applegpu_g16s", kernel="gemv")
+    with pytest.raises(ValueError, match="macOS version"):
+        mlx_fpqmm.kernel_path(*problem(1), device="applegpu_g16s", macos="tahoe")
+    x, w_q, scales = problem(1)
+    with pytest.raises(ValueError, match="scales must have shape"):
+        mlx_fpqmm.kernel_path(x, w_q, scales[:, :1], device="applegpu_g16s")
+
+
+@pytest.mark.parametrize(
+    "M,transpose,kernel,name,grid",
+    [
+        (1, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (64, 1, 1)),
+        (8, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (64, 1, 1)),
+        (9, True, "qmv", "fpqmm_qmv_bm32_e2m1_float16", (128, 1, 1)),
+        (40, True, "qmv", "fpqmm_qmv_bm32_e2m1_float16", (128, 2, 1)),
+        (2, False, "auto", "fpqmm_qvm_bm4_e2m1_float16", (1, 1, 1)),
+        (20, True, "mma", "fpqmm_mma_t_bm32_e2m1_float16", (8, 1, 1)),
+        (33, True, "mma", "fpqmm_mma_t_bm64_e2m1_float16", (8, 1, 1)),
+        (200, True, "mma", "fpqmm_mma_t_bm64_e2m1_float16", (8, 4, 1)),
+        (200, False, "mma", "fpqmm_mma_n_bm32_e2m1_float16", (8, 7, 1)),
+    ],
+)
+def test_kernel_and_grid(M, transpose, kernel, name, grid):
+    plan = mlx_fpqmm.kernel_path(
+        *problem(M, transpose=transpose), transpose=transpose, device="applegpu_g16s", kernel=kernel
+    )
+    assert plan["kernel"] == name
+    assert plan["grid"] == grid
+
+
+def test_threadgroup_memory_fits_and_is_aligned():
+    for dtype in (mx.float32, mx.float16, mx.bfloat16):
+        for M, transpose, kernel in [(200, True, "mma"), (200, False, "mma"), (2, False, "qmv")]:
+            plan = mlx_fpqmm.kernel_path(
+                *problem(M, transpose=transpose, dtype=dtype),
+                transpose=transpose,
+                device="applegpu_g16s",
+                kernel=kernel,
+            )
+            sizes = plan["threadgroup_memory"].values()
+            assert sizes and all(size % 16 == 0 for size in sizes)
+            assert sum(sizes) <= 32 * 1024
+
+
+def test_constants_and_bindings():
+    x, w_q, scales = problem(4, mode="nvfp4")
+    plan = mlx_fpqmm.kernel_path(
+        x, w_q, scales, mode="nvfp4", global_scale=mx.array(3.0), device="applegpu_g16s"
+    )
+    assert plan["constants"] == {100: 16, 101: 1, 102: True}
+    assert plan["pipeline"] == plan["kernel"] + "_c100_16_c101_1_c102_1"
+    buffers = plan["buffers"]
+    assert [buffers[i] for i in range(5)] == [
+        ("operand", "w"),
+        ("operand", "scales"),
+        ("operand", "global_scale"),
+        ("operand", "x"),
+        ("operand", "y"),
+    ]
+    assert (buffers[5], buffers[6], buffers[7]) == (
+        ("int32", 4),
+        ("int32", 256),
+        ("int32", 256),
+    )
+    w = mx.zeros((256, 256), dtype=mx.bfloat16)
+    w_q, scales = mlx_fpqmm.quantize(w, mode="fp8", group_size=64)
+    plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode="fp8", group_size=64, device="applegpu_g16s")
+    assert plan["constants"] == {100: 64, 101: 4, 102: False}
+    assert 2 not in plan["buffers"]
+
+
+def test_batched_plan_folds_or_batches():
+    # 2-D weights: every leading dimension of x folds into M.
+    x = mx.zeros((2, 3, 5, 256), dtype=mx.float16)
+    _, w_q, scales = problem(1)
+    plan = mlx_fpqmm.kernel_path(x, w_q, scales, device="applegpu_g16s")
+    assert plan["buffers"][5] == ("int32", 30) and plan["buffers"][8] == ("int32", 0)
+    # Batched weights broadcast against x's leading dimensions.
+    _, w_q, scales = problem(1, batch=(3,))
+    plan = mlx_fpqmm.kernel_path(x, w_q, scales, device="applegpu_g16s")
+    assert plan["grid"][2] == 6
+    assert plan["buffers"][8] == ("int32", 2)
+    assert plan["buffers"][9] == ("int32[]", [2, 3])
