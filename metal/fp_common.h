@@ -11,11 +11,11 @@ namespace fpqmm {
 
 using namespace metal;
 
+// clang-format off
 constant int group_size [[function_constant(FPQMM_CONSTANT_GROUP_SIZE)]];
-constant int scale_encoding
-    [[function_constant(FPQMM_CONSTANT_SCALE_ENCODING)]];
-constant bool has_global_scale
-    [[function_constant(FPQMM_CONSTANT_HAS_GLOBAL_SCALE)]];
+constant int scale_encoding [[function_constant(FPQMM_CONSTANT_SCALE_ENCODING)]];
+constant bool has_global_scale [[function_constant(FPQMM_CONSTANT_HAS_GLOBAL_SCALE)]];
+// clang-format on
 
 // The buffers of every kernel, in the slots of fp_params.h.
 #define FPQMM_BUFFERS(T)                                                      \

@@ -125,9 +125,13 @@ template <typename T, int bits, int BM, bool transpose>
     }
     threadgroup T* w_destination =
         w_tile + load_row * w_stride + load_chunk * chunk;
-    for (int i = 0; i < chunk; ++i) {
-      w_destination[i] = static_cast<T>(
-          float(decode_code<bits>(code_at<bits>(packed, i))) * scale);
+    for (int i = 0; i < chunk; i += 4) {
+      vec<T, 4> values;
+      for (int j = 0; j < 4; ++j) {
+        values[j] = static_cast<T>(
+            float(decode_code<bits>(code_at<bits>(packed, i + j))) * scale);
+      }
+      *(threadgroup vec<T, 4>*)(w_destination + i) = values;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
 

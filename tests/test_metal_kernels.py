@@ -1,0 +1,214 @@
+"""The Metal kernels, run through the simulator exactly as the plan dispatches
+them, against the same MLX reference as the CPU tests."""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from reference import TOLERANCE, qmm_reference, relative_error
+
+import mlx_fpqmm
+from mlx_fpqmm.testing import library, metal_qmm, run_metal
+
+TYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+# Group size 16 in both, so K % 32 == 16 is allowed.
+MODE_OF_CODES = {"e2m1": ("fp4", 16), "e4m3": ("fp8", 16)}
+
+# Per kernel family: (transpose, forced path, M) that the plan sends to it.
+FAMILIES = {
+    "qmv_bm8": (True, "qmv", 3),
+    "qmv_bm32": (True, "qmv", 20),
+    "qvm_bm4": (False, "qmv", 3),
+    "mma_t_bm32": (True, "mma", 20),
+    "mma_t_bm64": (True, "mma", 40),
+    "mma_n_bm32": (False, "mma", 20),
+}
+EXPECTED_KERNELS = [
+    f"fpqmm_{family}_{codes}_{type_name}"
+    for family in FAMILIES
+    for codes in MODE_OF_CODES
+    for type_name in TYPES
+]
+
+
+def quantized(shape, mode, group_size=None, dtype=mx.float32):
+    w = mx.random.normal(shape).astype(dtype)
+    return mlx_fpqmm.quantize(w, group_size, mode=mode)
+
+
+def check(x, w_q, scales, mode, *, transpose=True, group_size=None, global_scale=None, **kwargs):
+    run = run_metal(
+        x,
+        w_q,
+        scales,
+        mode=mode,
+        transpose=transpose,
+        group_size=group_size,
+        global_scale=global_scale,
+        **kwargs,
+    )
+    reference = qmm_reference(x, w_q, scales, mode, transpose, group_size, global_scale)
+    error = relative_error(mx.array(run.y), reference)
+    assert error < TOLERANCE[x.dtype], (run.plan["kernel"], error)
+    return run
+
+
+def test_instantiated_kernels_are_the_tested_ones():
+    assert sorted(library().names) == sorted(EXPECTED_KERNELS)
+
+
+@pytest.mark.parametrize("host_name", EXPECTED_KERNELS)
+def test_every_kernel_runs(host_name):
+    family, codes, type_name = host_name.removeprefix("fpqmm_").rsplit("_", 2)
+    transpose, kernel, M = FAMILIES[family]
+    mode, group_size = MODE_OF_CODES[codes]
+    # N and K tails against every tile width (K % 32 == 16 where K is grouped).
+    N, K = (40, 80) if transpose else (48, 37)
+    w_q, scales = quantized((N, K) if transpose else (K, N), mode, group_size)
+    x = mx.random.normal((M, K)).astype(TYPES[type_name])
+    run = check(x, w_q, scales, mode, transpose=transpose, group_size=group_size, kernel=kernel)
+    assert run.plan["kernel"] == host_name
+
+
+MODES = ["mxfp4", "nvfp4", "mxfp8", "fp4", "fp8"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", TYPES.values(), ids=TYPES.keys())
+@pytest.mark.parametrize("kernel", ["qmv", "mma"])
+@pytest.mark.parametrize("transpose", [True, False], ids=["x@W.T", "x@W"])
+def test_modes_and_dtypes(mode, dtype, kernel, transpose):
+    # Float-scale modes get scales of x's dtype from a w of that dtype.
+    w_q, scales = quantized((64, 96), mode, dtype=dtype)
+    K = 96 if transpose else 64
+    x = mx.random.normal((5, K)).astype(dtype)
+    check(x, w_q, scales, mode, transpose=transpose, kernel=kernel)
+
+
+@pytest.mark.parametrize("mode", ["fp4", "fp8"])
+@pytest.mark.parametrize("group_size", [16, 64, 128])
+@pytest.mark.parametrize("kernel", ["qmv", "mma"])
+@pytest.mark.parametrize("transpose", [True, False], ids=["x@W.T", "x@W"])
+def test_group_sizes_and_scale_dtypes(mode, group_size, kernel, transpose):
+    scale_dtype = {16: mx.float16, 64: mx.bfloat16, 128: mx.float32}[group_size]
+    w_q, scales = quantized((128, 256), mode, group_size, dtype=scale_dtype)
+    K = 256 if transpose else 128
+    x = mx.random.normal((6, K))
+    check(x, w_q, scales, mode, transpose=transpose, group_size=group_size, kernel=kernel)
+
+
+@pytest.mark.parametrize(
+    "M,N,K",
+    [
+        (64, 64, 128),  # full tiles
+        (1, 64, 128),  # one row
+        (33, 45, 96),  # M and N tails
+        (70, 33, 512),  # 64-row tiles with a tail, decode steps past K
+    ],
+)
+@pytest.mark.parametrize("kernel", ["qmv", "mma"])
+def test_shapes(M, N, K, kernel):
+    w_q, scales = quantized((N, K), "mxfp4")
+    x = mx.random.normal((M, K)).astype(mx.float16)
+    check(x, w_q, scales, "mxfp4", kernel=kernel)
+
+
+@pytest.mark.parametrize("kernel", ["qmv", "mma"])
+@pytest.mark.parametrize("transpose", [True, False], ids=["x@W.T", "x@W"])
+def test_batched(kernel, transpose):
+    w_q, scales = quantized((3, 64, 96), "mxfp8")  # one matrix per batch element
+    K = 96 if transpose else 64
+    x = mx.random.normal((2, 1, 5, K))  # broadcast against w's batch
+    run = check(x, w_q, scales, "mxfp8", transpose=transpose, kernel=kernel)
+    assert run.y.shape[:2] == (2, 3)
+    assert run.plan["buffers"][10] == ("int64[]", [5 * K, 0])  # x: broadcast along axis 1
+
+
+def test_broadcast_weights():
+    w_q, scales = quantized((1, 64, 96), "mxfp4")
+    x = mx.random.normal((4, 7, 96))
+    run = check(x, w_q, scales, "mxfp4", kernel="mma")
+    assert run.plan["buffers"][11] == ("int64[]", [0])
+
+
+def test_vector_x_and_folded_rows():
+    w_q, scales = quantized((40, 64), "fp8")
+    check(mx.random.normal((64,)), w_q, scales, "fp8")
+    check(mx.random.normal((2, 3, 4, 64)), w_q, scales, "fp8", kernel="mma")
+
+
+@pytest.mark.parametrize("kernel", ["qmv", "mma"])
+@pytest.mark.parametrize("transpose", [True, False], ids=["x@W.T", "x@W"])
+def test_global_scale(kernel, transpose):
+    w = mx.random.normal((64, 96))
+    global_scale = mx.abs(w).max()
+    w_q, scales = mlx_fpqmm.quantize(w, mode="nvfp4", global_scale=global_scale)
+    K = 96 if transpose else 64
+    x = mx.random.normal((3, K)).astype(mx.bfloat16)
+    check(x, w_q, scales, "nvfp4", transpose=transpose, global_scale=global_scale, kernel=kernel)
+
+
+def test_auto_path_on_each_generation():
+    w_q, scales = quantized((64, 128), "mxfp4")
+    x = mx.random.normal((16, 128))
+    paths = {
+        device: check(x, w_q, scales, "mxfp4", device=device).plan["path"]
+        for device in ("applegpu_g13s", "applegpu_g16s", "applegpu_g17s", "applegpu_g18p")
+    }
+    assert paths == {
+        "applegpu_g13s": "mma",
+        "applegpu_g16s": "mma",
+        "applegpu_g17s": "qmv",
+        "applegpu_g18p": "qmv",
+    }
+
+
+def test_metal_qmm_returns_numpy_and_refuses_missing_kernels():
+    w_q, scales = quantized((32, 64), "mxfp4")
+    x = np.random.default_rng(0).standard_normal((2, 64), dtype=np.float32)
+    y = metal_qmm(x, w_q, scales, mode="mxfp4")
+    assert isinstance(y, np.ndarray) and y.dtype == np.float32 and y.shape == (2, 32)
+    with pytest.raises(RuntimeError, match="kernel='nax' is unavailable"):
+        metal_qmm(x, w_q, scales, mode="mxfp4", device="applegpu_g17s", kernel="nax")
+
+
+def test_empty_x():
+    w_q, scales = quantized((32, 64), "mxfp4")
+    assert metal_qmm(mx.zeros((0, 64)), w_q, scales, mode="mxfp4").shape == (0, 32)
+
+
+# Device traffic from the simulator's counters against the compulsory bytes.
+def traffic(run, name):
+    buffers = run.plan["buffers"]
+    index = next(i for i, value in buffers.items() if value == ("operand", name))
+    return run.counters["buffers"][index]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("M,transpose", [(1, True), (8, True), (20, True), (1, False), (3, False)])
+def test_decode_reads_weights_and_scales_once(mode, M, transpose):
+    w_q, scales = quantized((48, 256), mode)
+    x = mx.random.normal((M, 256 if transpose else 48))
+    run = check(x, w_q, scales, mode, transpose=transpose, kernel="qmv")
+    for name, array in (("w", w_q), ("scales", scales)):
+        counted = traffic(run, name)
+        assert counted["bytes_read"] == counted["unique_bytes_read"] == array.nbytes, name
+    y = traffic(run, "y")
+    assert y["bytes_written"] == y["unique_bytes_written"] == run.y.size * x.itemsize
+
+
+@pytest.mark.parametrize("M,block_m", [(20, 32), (100, 64)])
+def test_mma_traffic_follows_the_tiling(M, block_m):
+    N, K = 96, 256
+    w_q, scales = quantized((N, K), "mxfp4")
+    x = mx.random.normal((M, K)).astype(mx.float16)
+    run = check(x, w_q, scales, "mxfp4", kernel="mma")
+    assert run.plan["kernel"].startswith(f"fpqmm_mma_t_bm{block_m}")
+    m_tiles, n_tiles = math.ceil(M / block_m), math.ceil(N / 32)
+    assert traffic(run, "w")["bytes_read"] == w_q.nbytes * m_tiles
+    assert traffic(run, "scales")["bytes_read"] == scales.nbytes * m_tiles
+    assert traffic(run, "x")["bytes_read"] == x.nbytes * n_tiles
+    assert traffic(run, "y")["bytes_written"] == M * N * x.itemsize
+    # 8x8x8 products: one per (8-row, 8-column, 8-deep) block of valid output.
+    assert run.counters["simdgroup_matrix_ops"] == math.ceil(M / 8) * (N // 8) * (K // 8)
