@@ -212,3 +212,10 @@ def test_mma_traffic_follows_the_tiling(M, block_m):
     assert traffic(run, "y")["bytes_written"] == M * N * x.itemsize
     # 8x8x8 products: one per (8-row, 8-column, 8-deep) block of valid output.
     assert run.counters["simdgroup_matrix_ops"] == math.ceil(M / 8) * (N // 8) * (K // 8)
+
+
+def test_traffic_report():
+    from mlx_fpqmm.bench_metal import report
+
+    text = report([("mxfp4", True, "qmv", 2, 64, 256), ("mxfp8", True, "mma", 40, 64, 128)])
+    assert "fpqmm_qmv_bm8_e2m1_float16" in text and "fpqmm_mma_t_bm64_e4m3_float16" in text
