@@ -205,6 +205,13 @@ mx::array fp_qmm_checked(
   }
 
   auto stream = mx::to_stream(s);
+  if (stream.device == mx::Device::gpu) {
+    // The Metal kernels read row-contiguous matrices (any batch strides), and
+    // libmlx does not export its GPU copy to eval_gpu: copy here, before the
+    // batch broadcast, where a copy is needed at all.
+    w = mx::contiguous(w, false, stream);
+    scales = mx::contiguous(scales, false, stream);
+  }
   bool vector_input = x.ndim() == 1;
   if (vector_input) {
     x = mx::expand_dims(x, 0, stream);
@@ -247,7 +254,12 @@ mx::array fp_qmm_unchecked(
     int group_size,
     bool transpose,
     mx::Stream stream) {
-  std::vector<mx::array> inputs = {x, w, scales};
+  // On the GPU x must be row-contiguous too; cotangents reach here as
+  // broadcasts, for instance.
+  std::vector<mx::array> inputs = {
+      stream.device == mx::Device::gpu ? mx::contiguous(x, false, stream) : x,
+      w,
+      scales};
   if (global_scale) {
     inputs.push_back(*global_scale);
   }
