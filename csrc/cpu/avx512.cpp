@@ -1,0 +1,645 @@
+// AVX-512 kernels (F, BW, VL, VBMI, BF16: Zen 4, Sapphire Rapids and later);
+// this file alone is compiled with those flags and only called after a CPU
+// feature check.
+#include <immintrin.h>
+
+#include <array>
+#include <bit>
+#include <cstring>
+#include <utility>
+
+#include "cpu/simd_kernels.h"
+#include "cpu/thread_pool.h"
+
+namespace mlx_fpqmm::cpu {
+
+namespace {
+
+struct Avx512Vec {
+  using F = __m512;
+  using I = __m512i;
+  static constexpr int kLanes = 16;
+  static constexpr int kDotRows = 4;
+
+  static F zero() {
+    return _mm512_setzero_ps();
+  }
+  static F set1(float v) {
+    return _mm512_set1_ps(v);
+  }
+  static F set2(float lo, float hi) {
+    return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
+  }
+  static F load(const float* p) {
+    return _mm512_loadu_ps(p);
+  }
+  static void store(float* p, F v) {
+    _mm512_storeu_ps(p, v);
+  }
+  static F fma(F a, F b, F c) {
+    return _mm512_fmadd_ps(a, b, c);
+  }
+  static F mul(F a, F b) {
+    return _mm512_mul_ps(a, b);
+  }
+  static float sum(F v) {
+    return _mm512_reduce_add_ps(v);
+  }
+  static I load_words(const uint8_t* p) {
+    return _mm512_loadu_si512(p);
+  }
+  static I shift_right(I v, int bits) {
+    return _mm512_srli_epi32(v, bits);
+  }
+  // vpermps reads the low 4 bits of each lane: one lookup per 16 codes.
+  static F e2m1(I v) {
+    return _mm512_permutexvar_ps(v, _mm512_loadu_ps(kE2M1Values.data()));
+  }
+  static F e4m3(I v) {
+    return _mm512_i32gather_ps(
+        _mm512_and_si512(v, _mm512_set1_epi32(0xFF)), kE4M3Values.data(), 4);
+  }
+  static I load_index(const int32_t* p) {
+    return _mm512_loadu_si512(p);
+  }
+  static F permute(F table, I index) {
+    return _mm512_permutexvar_ps(index, table);
+  }
+  static __m512i bytes_to_lanes(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void decode_e2m1(const uint8_t* p, F& even, F& odd) {
+    __m512i bytes = bytes_to_lanes(p);
+    even = e2m1(bytes);
+    odd = e2m1(_mm512_srli_epi32(bytes, 4));
+  }
+  static F decode_e4m3(const uint8_t* p) {
+    return _mm512_i32gather_ps(bytes_to_lanes(p), kE4M3Values.data(), 4);
+  }
+  static void store_interleaved(float* dst, F even, F odd) {
+    __m512i lo = _mm512_setr_epi32(
+        0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    _mm512_storeu_ps(dst, _mm512_permutex2var_ps(even, lo, odd));
+    _mm512_storeu_ps(dst + 16, _mm512_permutex2var_ps(even, hi, odd));
+  }
+};
+
+using Kernels = SimdKernels<Avx512Vec>;
+
+// ---------------------------------------------------------------------------
+// bfloat16 decoding. Every E2M1 and E4M3 value is exact in bfloat16 (the low
+// 16 bits of its float32 are zero), so the tables are formats.h's, truncated.
+
+constexpr uint16_t bf16_of(float value) {
+  return static_cast<uint16_t>(std::bit_cast<uint32_t>(value) >> 16);
+}
+
+constexpr auto kE2M1Bf16Bytes = [] {
+  std::array<std::array<uint8_t, 16>, 2> bytes{};  // low, high
+  for (int code = 0; code < 16; ++code) {
+    bytes[0][code] = bf16_of(kE2M1Values[code]) & 0xFF;
+    bytes[1][code] = bf16_of(kE2M1Values[code]) >> 8;
+  }
+  return bytes;
+}();
+
+// Magnitudes only (codes 0..127); bit 7 of a code is its sign bit.
+constexpr auto kE4M3Bf16 = [] {
+  std::array<uint16_t, 128> table{};
+  for (int code = 0; code < 128; ++code) {
+    table[code] = bf16_of(kE4M3Values[code]);
+  }
+  return table;
+}();
+
+float bf16_to_float(bf16_bits bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
+
+// 128 E2M1 codes (64 bytes) as four vectors of 32 bf16. In 128-bit lane L,
+// word j of v[0] is element 32L + 2j, of v[1] 32L + 16 + 2j, of v[2] and v[3]
+// the odd elements after those.
+void decode_bf16_e2m1(const uint8_t* p, __m512i* v) {
+  __m512i bytes = _mm512_loadu_si512(p);
+  __m512i low_nibble = _mm512_set1_epi8(0x0F);
+  __m512i lo = _mm512_and_si512(bytes, low_nibble);
+  __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibble);
+  __m512i table_lo = _mm512_broadcast_i32x4(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kE2M1Bf16Bytes[0])));
+  __m512i table_hi = _mm512_broadcast_i32x4(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kE2M1Bf16Bytes[1])));
+  __m512i codes[2] = {lo, hi};
+  for (int h = 0; h < 2; ++h) {
+    __m512i low_bytes = _mm512_shuffle_epi8(table_lo, codes[h]);
+    __m512i high_bytes = _mm512_shuffle_epi8(table_hi, codes[h]);
+    v[2 * h] = _mm512_unpacklo_epi8(low_bytes, high_bytes);
+    v[2 * h + 1] = _mm512_unpackhi_epi8(low_bytes, high_bytes);
+  }
+}
+
+// Offset of the element that x word i of vector v in a 128-element E2M1
+// step pairs with, matching decode_bf16_e2m1.
+constexpr int e2m1_step_element(int v, int i) {
+  constexpr int kOffsets[4] = {0, 16, 1, 17};
+  return 32 * (i / 8) + kOffsets[v] + 2 * (i % 8);
+}
+
+// 32 E4M3 codes (32 bytes) as 32 bf16 in element order: two 64-entry word
+// lookups cover the 128 magnitudes, then the sign bit is or-ed in.
+__m512i decode_bf16_e4m3(const uint8_t* p) {
+  const auto* table = reinterpret_cast<const __m512i*>(kE4M3Bf16.data());
+  __m512i codes = _mm512_cvtepu8_epi16(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  __m512i low = _mm512_permutex2var_epi16(
+      _mm512_loadu_si512(table), codes, _mm512_loadu_si512(table + 1));
+  __m512i high = _mm512_permutex2var_epi16(
+      _mm512_loadu_si512(table + 2), codes, _mm512_loadu_si512(table + 3));
+  __m512i magnitude = _mm512_mask_mov_epi16(
+      low, _mm512_test_epi16_mask(codes, _mm512_set1_epi16(0x40)), high);
+  // magnitude | (codes << 8 & 0x8000)
+  return _mm512_ternarylogic_epi32(
+      magnitude,
+      _mm512_slli_epi16(codes, 8),
+      _mm512_set1_epi16(static_cast<int16_t>(0x8000)),
+      0xF8);
+}
+
+__m512 dot_bf16(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+// ---------------------------------------------------------------------------
+// Small M, bf16 x: codes decoded to bf16, products summed by vdpbf16ps per
+// step, then scaled in float32 (so every scale type stays exact).
+
+template <int kBits>
+struct Bf16Step {
+  static constexpr int kElements = kBits == 4 ? 128 : 64;
+  static constexpr int kVecs = kBits == 4 ? 4 : 2;
+
+  static void decode(const uint8_t* row, int64_t c, __m512i* v) {
+    if constexpr (kBits == 4) {
+      decode_bf16_e2m1(row + c / 2, v);
+    } else {
+      v[0] = decode_bf16_e4m3(row + c);
+      v[1] = decode_bf16_e4m3(row + c + 32);
+    }
+  }
+
+  // Element offset (within the step) of x word i of vector v.
+  static int element(int v, int i) {
+    return kBits == 4 ? e2m1_step_element(v, i) : 32 * v + i;
+  }
+
+  static void arrange(const bf16_bits* x, int64_t K, bf16_bits* dst) {
+    int64_t k = 0;
+    for (; k + kElements <= K; k += kElements) {
+      for (int v = 0; v < kVecs; ++v) {
+        for (int i = 0; i < 32; ++i) {
+          dst[k + 32 * v + i] = x[k + element(v, i)];
+        }
+      }
+    }
+    for (; k < K; ++k) {
+      dst[k] = x[k];
+    }
+  }
+
+  // Result lane l of vdpbf16ps on vector v sums words 2l, 2l + 1: lane_group
+  // gives their group relative to the step's first group. Vectors v and
+  // v + 2 (E2M1) or v alone (E4M3) share one scale vector s[v % 2].
+  static __m512i lane_groups(int v, int group_size) {
+    alignas(64) int32_t index[16];
+    for (int l = 0; l < 16; ++l) {
+      index[l] = element(v, 2 * l) / group_size;
+    }
+    return _mm512_load_si512(index);
+  }
+};
+
+template <int kBits, int R, int MB>
+MLX_FPQMM_FLATTEN void dot_bf16_block(
+    const QuantizedMatrix& w,
+    const int64_t* rows,
+    const float* const* scales,
+    const bf16_bits* xa,
+    const __m512i* lane_groups,
+    float* out,
+    int64_t ldo) {
+  using S = Bf16Step<kBits>;
+  int64_t K = w.cols;
+  int64_t full = K - K % S::kElements;
+  const uint8_t* codes[R];
+  __m512 acc[R][MB];
+  MLX_FPQMM_UNROLL
+  for (int r = 0; r < R; ++r) {
+    codes[r] = w.row(rows[r]);
+    MLX_FPQMM_UNROLL
+    for (int m = 0; m < MB; ++m) {
+      acc[r][m] = _mm512_setzero_ps();
+    }
+  }
+  for (int64_t c = 0; c < full; c += S::kElements) {
+    MLX_FPQMM_UNROLL
+    for (int r = 0; r < R; ++r) {
+      __m512i d[S::kVecs];
+      S::decode(codes[r], c, d);
+      __m512 group_scales = _mm512_loadu_ps(scales[r] + c / w.group_size);
+      __m512 s[2];
+      MLX_FPQMM_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        s[h] = _mm512_permutexvar_ps(lane_groups[h], group_scales);
+      }
+      MLX_FPQMM_UNROLL
+      for (int m = 0; m < MB; ++m) {
+        const bf16_bits* x = xa + m * K + c;
+        __m512 p[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        MLX_FPQMM_UNROLL
+        for (int v = 0; v < S::kVecs; ++v) {
+          p[v % 2] = dot_bf16(p[v % 2], d[v], _mm512_loadu_si512(x + 32 * v));
+        }
+        acc[r][m] = _mm512_fmadd_ps(p[0], s[0], acc[r][m]);
+        acc[r][m] = _mm512_fmadd_ps(p[1], s[1], acc[r][m]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int m = 0; m < MB; ++m) {
+      float total = _mm512_reduce_add_ps(acc[r][m]);
+      for (int64_t c = full; c < K; ++c) {
+        total += bf16_to_float(xa[m * K + c]) * code_value(w, rows[r], c) *
+                 scales[r][c / w.group_size];
+      }
+      out[m * ldo + r] = total;
+    }
+  }
+}
+
+template <int kBits, int R>
+void dot_bf16_rows(
+    const QuantizedMatrix& w,
+    const int64_t* rows,
+    const float* const* scales,
+    const bf16_bits* xa,
+    const __m512i* lane_groups,
+    int64_t M,
+    float* out,
+    int64_t ldo) {
+  constexpr int kMaxRows = 4;
+  int64_t m = 0;
+  auto block = [&]<int MB>() {
+    dot_bf16_block<kBits, R, MB>(
+        w, rows, scales, xa + m * w.cols, lane_groups, out + m * ldo, ldo);
+  };
+  for (; m + kMaxRows <= M; m += kMaxRows) {
+    block.template operator()<kMaxRows>();
+  }
+  switch (M - m) {
+    case 3:
+      block.template operator()<3>();
+      break;
+    case 2:
+      block.template operator()<2>();
+      break;
+    case 1:
+      block.template operator()<1>();
+      break;
+  }
+}
+
+template <int kBits>
+void dot_bf16_impl(
+    const QuantizedMatrix& w,
+    const bf16_bits* x,
+    int64_t M,
+    int64_t n0,
+    int64_t n1,
+    float* out,
+    int64_t ldo) {
+  using S = Bf16Step<kBits>;
+  constexpr int R = 4;
+  int64_t K = w.cols;
+  bf16_bits* xa = scratch<bf16_bits>(0, M * K);
+  for (int64_t m = 0; m < M; ++m) {
+    S::arrange(x + m * K, K, xa + m * K);
+  }
+  __m512i lane_groups[2] = {
+      S::lane_groups(0, w.group_size), S::lane_groups(1, w.group_size)};
+  int64_t stride = w.groups() + kScalePadding;
+  float* scale_rows = scratch<float>(1, R * stride);
+  int64_t rows[R];
+  const float* scales[R];
+  for (int64_t n = n0; n < n1; n += R) {
+    int count = static_cast<int>(std::min<int64_t>(R, n1 - n));
+    for (int r = 0; r < count; ++r) {
+      rows[r] = n + r;
+      scales[r] = scale_rows + r * stride;
+      Kernels::decode_scales(w, n + r, scale_rows + r * stride, 0, w.groups());
+    }
+    float* o = out + (n - n0);
+    if (count == R) {
+      dot_bf16_rows<kBits, R>(w, rows, scales, xa, lane_groups, M, o, ldo);
+    } else {
+      for (int r = 0; r < count; ++r) {
+        dot_bf16_rows<kBits, 1>(
+            w, rows + r, scales + r, xa, lane_groups, M, o + r, ldo);
+      }
+    }
+  }
+}
+
+void dot_bf16_entry(
+    const QuantizedMatrix& w,
+    const bf16_bits* x,
+    int64_t M,
+    int64_t n0,
+    int64_t n1,
+    float* out,
+    int64_t ldo) {
+  if (w.bits == 4) {
+    dot_bf16_impl<4>(w, x, M, n0, n1, out, ldo);
+  } else {
+    dot_bf16_impl<8>(w, x, M, n0, n1, out, ldo);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Large M, bf16 x: W is decoded (scaled, exact in bf16) into panels of
+// kPanel rows x kDepth columns, packed as pairs of columns for vdpbf16ps:
+// panel[p * kPanel + n] holds W[n, k], W[n, k'] for the p-th pair. The
+// kernel keeps a kRows x kPanel tile of the output in registers and
+// broadcasts pairs of x.
+
+constexpr int kPanel = 32;        // two vectors of output columns
+constexpr int kRows = 12;         // 24 accumulators
+constexpr int64_t kDepth = 2048;  // a panel is 128 KiB: it stays in L2
+constexpr int kPackStep = 32;     // elements per decode step while packing
+
+// Element order within a packing step: E2M1 steps are decoded as even and
+// odd elements (as SimdKernels does), E4M3 steps in element order.
+template <int kBits>
+constexpr int pack_element(int i) {
+  return kBits == 4 ? (i < 16 ? 2 * i : 2 * (i - 16) + 1) : i;
+}
+
+template <int kBits>
+void arrange_for_gemm(const bf16_bits* x, int64_t K, bf16_bits* dst) {
+  int64_t k = 0;
+  for (; k + kPackStep <= K; k += kPackStep) {
+    for (int i = 0; i < kPackStep; ++i) {
+      dst[k + i] = x[k + pack_element<kBits>(i)];
+    }
+  }
+  for (; k < K; ++k) {
+    dst[k] = x[k];
+  }
+}
+
+// 32 scaled elements of one row as 16 dwords of bf16 pairs.
+template <int kBits>
+__m512i pack_step(const uint8_t* row, int64_t c, const float* scales, int gs) {
+  __m512 first, second;
+  if constexpr (kBits == 4) {
+    Avx512Vec::decode_e2m1(row + c / 2, first, second);
+    int shift = std::countr_zero(static_cast<unsigned>(gs));
+    __m512 s = gs < 32 ? Kernels::step_scale<true>(scales, c, shift)
+                       : Kernels::step_scale<false>(scales, c, shift);
+    first = _mm512_mul_ps(first, s);
+    second = _mm512_mul_ps(second, s);
+  } else {
+    __m512i words = decode_bf16_e4m3(row + c);
+    auto widen = [](__m256i half) {
+      return _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+    };
+    first = _mm512_mul_ps(
+        widen(_mm512_castsi512_si256(words)), _mm512_set1_ps(scales[c / gs]));
+    second = _mm512_mul_ps(
+        widen(_mm512_extracti64x4_epi64(words, 1)),
+        _mm512_set1_ps(scales[(c + 16) / gs]));
+  }
+  // Exact: the products have at most 6 significant bits.
+  return (__m512i)_mm512_cvtne2ps_pbh(second, first);
+}
+
+// Transposes 16 rows of 16 dwords in registers.
+void transpose16(__m512i* r) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  __m512i u[4][4];  // u[G][q], lane L: rows 4G..4G+3 of column 4L+q
+  for (int g = 0; g < 4; ++g) {
+    u[g][0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[g][1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[g][2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[g][3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int q = 0; q < 4; ++q) {
+    __m512i v0 = _mm512_shuffle_i32x4(u[0][q], u[1][q], 0x44);
+    __m512i v1 = _mm512_shuffle_i32x4(u[0][q], u[1][q], 0xEE);
+    __m512i v2 = _mm512_shuffle_i32x4(u[2][q], u[3][q], 0x44);
+    __m512i v3 = _mm512_shuffle_i32x4(u[2][q], u[3][q], 0xEE);
+    r[q] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    r[4 + q] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    r[8 + q] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    r[12 + q] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+  }
+}
+
+// Packs rows [n, n + kPanel) (zeros past n1) and columns [k0, k1) of W.
+template <int kBits>
+MLX_FPQMM_FLATTEN void pack_panel(
+    const QuantizedMatrix& w,
+    int64_t n,
+    int64_t n1,
+    int64_t k0,
+    int64_t k1,
+    const float* scales,
+    int64_t scale_stride,
+    uint32_t* panel) {
+  int64_t full = k0 + (k1 - k0) / kPackStep * kPackStep;
+  for (int half = 0; half < kPanel / 16; ++half) {
+    for (int64_t c = k0; c < full; c += kPackStep) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        int64_t row = n + 16 * half + i;
+        r[i] = row < n1 ? pack_step<kBits>(
+                              w.row(row),
+                              c,
+                              scales + (row - n) * scale_stride,
+                              w.group_size)
+                        : _mm512_setzero_si512();
+      }
+      transpose16(r);
+      uint32_t* dst = panel + (c - k0) / 2 * kPanel + 16 * half;
+      for (int p = 0; p < 16; ++p) {
+        _mm512_storeu_si512(dst + p * kPanel, r[p]);
+      }
+    }
+  }
+  // A tail of 16 elements (groups of 16), in element order.
+  for (int64_t c = full; c < k1; c += 2) {
+    for (int i = 0; i < kPanel; ++i) {
+      uint32_t pair = 0;
+      int64_t row = n + i;
+      if (row < n1) {
+        const float* s = scales + i * scale_stride;
+        for (int j = 0; j < 2; ++j) {
+          float value = code_value(w, row, c + j) * s[(c + j) / w.group_size];
+          pair |= static_cast<uint32_t>(bf16_of(value)) << (16 * j);
+        }
+      }
+      panel[(c - k0) / 2 * kPanel + i] = pair;
+    }
+  }
+}
+
+// out rows [0, MR) x kPanel columns (the first `columns` stored) +=
+// x rows . panel over `pairs` column pairs; `first` starts from zero.
+template <int MR>
+MLX_FPQMM_FLATTEN void gemm_tile(
+    const bf16_bits* x,
+    int64_t ldx,
+    const uint32_t* panel,
+    int64_t pairs,
+    float* out,
+    int64_t ldo,
+    int columns,
+    bool first,
+    float factor) {
+  __m512 acc[MR][2];
+  MLX_FPQMM_UNROLL
+  for (int i = 0; i < MR; ++i) {
+    acc[i][0] = _mm512_setzero_ps();
+    acc[i][1] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512i b0 = _mm512_loadu_si512(panel + p * kPanel);
+    __m512i b1 = _mm512_loadu_si512(panel + p * kPanel + 16);
+    MLX_FPQMM_UNROLL
+    for (int i = 0; i < MR; ++i) {
+      int32_t pair;
+      std::memcpy(&pair, x + i * ldx + 2 * p, sizeof(pair));
+      __m512i a = _mm512_set1_epi32(pair);
+      acc[i][0] = dot_bf16(acc[i][0], a, b0);
+      acc[i][1] = dot_bf16(acc[i][1], a, b1);
+    }
+  }
+  __mmask16 masks[2] = {
+      static_cast<__mmask16>((1u << std::min(columns, 16)) - 1),
+      static_cast<__mmask16>((1u << std::max(columns - 16, 0)) - 1)};
+  __m512 scale = _mm512_set1_ps(factor);
+  for (int i = 0; i < MR; ++i) {
+    for (int h = 0; h < 2; ++h) {
+      float* o = out + i * ldo + 16 * h;
+      __m512 value = acc[i][h];
+      if (!first) {
+        value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(masks[h], o));
+      }
+      _mm512_mask_storeu_ps(o, masks[h], _mm512_mul_ps(value, scale));
+    }
+  }
+}
+
+using TileKernel = void (*)(
+    const bf16_bits*,
+    int64_t,
+    const uint32_t*,
+    int64_t,
+    float*,
+    int64_t,
+    int,
+    bool,
+    float);
+
+constexpr auto kTileKernels = []<size_t... I>(std::index_sequence<I...>) {
+  return std::array<TileKernel, sizeof...(I)>{&gemm_tile<I + 1>...};
+}(std::make_index_sequence<kRows>{});
+
+template <int kBits>
+void gemm_bf16_impl(
+    const QuantizedMatrix& w,
+    const bf16_bits* x,
+    int64_t M,
+    int64_t n0,
+    int64_t n1,
+    float* out,
+    int64_t ldo) {
+  int64_t K = w.cols;
+  // Arranged once, shared by every task (slot 3 of the calling thread).
+  bf16_bits* xa = scratch<bf16_bits>(3, M * K);
+  parallel_for(M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      arrange_for_gemm<kBits>(x + m * K, K, xa + m * K);
+    }
+  });
+  // Two panels per task: enough tasks to balance two busy cores.
+  parallel_for(n1 - n0, 2 * kPanel, [&](int64_t t0, int64_t t1) {
+    int64_t stride = w.groups() + kScalePadding;
+    float* scales = scratch<float>(1, kPanel * stride);
+    uint32_t* panel = scratch<uint32_t>(2, kDepth / 2 * kPanel);
+    for (int64_t n = n0 + t0; n < n0 + t1; n += kPanel) {
+      int64_t rows = std::min<int64_t>(kPanel, n0 + t1 - n);
+      for (int64_t r = 0; r < rows; ++r) {
+        // Scales without the global factor keep the codes exact in bf16;
+        // the factor multiplies the result instead.
+        Kernels::decode_scales(
+            w, n + r, scales + r * stride, 0, w.groups(), false);
+      }
+      for (int64_t k0 = 0; k0 < K; k0 += kDepth) {
+        int64_t k1 = std::min(K, k0 + kDepth);
+        pack_panel<kBits>(w, n, n + rows, k0, k1, scales, stride, panel);
+        bool first = k0 == 0;
+        float factor = k1 == K ? w.global_factor : 1.0f;
+        for (int64_t m = 0; m < M; m += kRows) {
+          int tile_rows = static_cast<int>(std::min<int64_t>(kRows, M - m));
+          kTileKernels[tile_rows - 1](
+              xa + m * K + k0,
+              K,
+              panel,
+              (k1 - k0) / 2,
+              out + m * ldo + (n - n0),
+              ldo,
+              static_cast<int>(rows),
+              first,
+              factor);
+        }
+      }
+    }
+  });
+}
+
+void gemm_bf16_entry(
+    const QuantizedMatrix& w,
+    const bf16_bits* x,
+    int64_t M,
+    int64_t n0,
+    int64_t n1,
+    float* out,
+    int64_t ldo) {
+  if (w.bits == 4) {
+    gemm_bf16_impl<4>(w, x, M, n0, n1, out, ldo);
+  } else {
+    gemm_bf16_impl<8>(w, x, M, n0, n1, out, ldo);
+  }
+}
+
+}  // namespace
+
+const IsaKernels* avx512_kernels() {
+  static const IsaKernels kernels{
+      "avx512",
+      Kernels::dot,
+      Kernels::axpy,
+      Kernels::dequantize,
+      dot_bf16_entry,
+      gemm_bf16_entry,
+  };
+  return &kernels;
+}
+
+}  // namespace mlx_fpqmm::cpu

@@ -1,0 +1,403 @@
+// The float32 kernels, written once over an ISA's vector traits V and
+// instantiated in each ISA's own translation unit (compiled with its flags).
+//
+// V provides: F (a vector of V::kLanes floats), zero, set1, set2 (lower half
+// of the lanes one value, upper half another), load, store, fma(a, b, c) =
+// a * b + c, mul, sum (horizontal); for the dot kernels an integer vector I
+// with load_words (kLanes 32-bit words), shift_right, e2m1 / e4m3 (table
+// lookups of the low 4 / 8 bits of each lane), load_index and permute
+// (lanes of a float vector picked by index); for dequantizing,
+// decode_e2m1(bytes, even, odd) (2 * kLanes E2M1 codes from kLanes bytes:
+// elements 0, 2, 4, ... and 1, 3, 5, ...), decode_e4m3(bytes) (kLanes E4M3
+// codes) and store_interleaved(dst, even, odd) (2 * kLanes floats back in
+// element order). Decoding uses the tables of formats.h; tails shorter than
+// one vector go through code_value().
+#pragma once
+
+#include <algorithm>
+#include <bit>
+
+#include "cpu/kernels.h"
+
+// Inner loops inline every trait call so that their small fixed-count loops
+// unroll and the accumulators stay in registers.
+#define MLX_FPQMM_FLATTEN [[gnu::flatten]]
+#define MLX_FPQMM_UNROLL _Pragma("GCC unroll 16")
+
+namespace mlx_fpqmm::cpu {
+
+template <class V>
+struct SimdKernels {
+  using F = typename V::F;
+  static constexpr int kLanes = V::kLanes;
+
+  // Elements one decode step covers and the vectors it yields.
+  template <int kBits>
+  static constexpr int kStep = kBits == 4 ? 2 * kLanes : kLanes;
+  template <int kBits>
+  static constexpr int kVecs = kBits == 4 ? 2 : 1;
+
+  // Scratch slots: 0 for x, 1 for scales, 2 for decoded rows.
+  // dst[g] for groups g in [g0, g1) of one row: the float scales, times the
+  // global factor when asked.
+  static void decode_scales(
+      const QuantizedMatrix& w,
+      int64_t row,
+      float* dst,
+      int64_t g0,
+      int64_t g1,
+      bool with_global_factor = true) {
+    const auto* bytes =
+        static_cast<const uint8_t*>(w.scales) + row * w.groups();
+    if (w.scale_type == ScaleType::e8m0) {
+      for (int64_t g = g0; g < g1; ++g) {
+        dst[g] = std::bit_cast<float>(e8m0_bits(bytes[g]));
+      }
+    } else if (w.scale_type == ScaleType::e4m3) {
+      for (int64_t g = g0; g < g1; ++g) {
+        dst[g] = kE4M3Values[bytes[g]];
+      }
+    } else {
+      decode_float_scales(w, row, dst, g0, g1);
+      return;
+    }
+    if (with_global_factor && w.global_factor != 1.0f) {
+      for (int64_t g = g0; g < g1; ++g) {
+        dst[g] *= w.global_factor;
+      }
+    }
+  }
+
+  // log2 of the group size (a power of two): shifts, not divisions, in the
+  // inner loops.
+  static int group_shift(const QuantizedMatrix& w) {
+    return std::countr_zero(static_cast<unsigned>(w.group_size));
+  }
+
+  // The scales of the elements of a step starting at column c, lane by lane.
+  // Only 32 E2M1 codes (AVX-512) in groups of 16 span two groups (kSplit);
+  // their lower lanes hold the first 16 elements.
+  template <bool kSplit>
+  static F step_scale(const float* scales, int64_t c, int shift) {
+    int64_t g = c >> shift;
+    if constexpr (kSplit) {
+      return V::set2(scales[g], scales[g + 1]);
+    } else {
+      return V::set1(scales[g]);
+    }
+  }
+
+  template <int kBits>
+  static bool split(const QuantizedMatrix& w) {
+    return kStep<kBits> > w.group_size;
+  }
+
+  template <int kBits>
+  static void decode(const uint8_t* row, int64_t c, F* v) {
+    if constexpr (kBits == 4) {
+      V::decode_e2m1(row + c / 2, v[0], v[1]);
+    } else {
+      v[0] = V::decode_e4m3(row + c);
+    }
+  }
+
+  // Dot steps read kLanes 32-bit words of codes. Vector i of a step holds, in
+  // lane j, the code of element j * kPerWord + i: decoding takes one shift
+  // and one table lookup per vector, and x is arranged to match once.
+  template <int kBits>
+  static constexpr int kPerWord = 32 / kBits;
+  template <int kBits>
+  static constexpr int kDotStep = kLanes * kPerWord<kBits>;
+
+  template <int kBits>
+  static void arrange(const float* x, int64_t K, float* dst) {
+    constexpr int P = kPerWord<kBits>;
+    int64_t k = 0;
+    for (; k + kDotStep<kBits> <= K; k += kDotStep<kBits>) {
+      for (int i = 0; i < P; ++i) {
+        for (int j = 0; j < kLanes; ++j) {
+          dst[k + i * kLanes + j] = x[k + j * P + i];
+        }
+      }
+    }
+    for (; k < K; ++k) {
+      dst[k] = x[k];
+    }
+  }
+
+  template <int kBits>
+  static F decode_lane_codes(typename V::I words, int i) {
+    if constexpr (kBits == 4) {
+      return V::e2m1(V::shift_right(words, 4 * i));
+    } else {
+      return V::e4m3(V::shift_right(words, 8 * i));
+    }
+  }
+
+  // R rows of W against MB rows of arranged x, all of K.
+  template <int kBits, int R, int MB>
+  MLX_FPQMM_FLATTEN static void dot_block(
+      const QuantizedMatrix& w,
+      const int64_t* rows,
+      const float* const* scales,
+      const float* xa,
+      float* out,
+      int64_t ldo) {
+    constexpr int P = kPerWord<kBits>;
+    const uint8_t* codes[R];
+    MLX_FPQMM_UNROLL
+    for (int r = 0; r < R; ++r) {
+      codes[r] = w.row(rows[r]);
+    }
+    int64_t K = w.cols;
+    int64_t full = K - K % kDotStep<kBits>;
+    int shift = group_shift(w);
+    // Lane j's group, relative to the step's first group.
+    alignas(64) int32_t lane_groups[kLanes];
+    for (int j = 0; j < kLanes; ++j) {
+      lane_groups[j] = (j * P) >> shift;
+    }
+    auto groups = V::load_index(lane_groups);
+    F acc[R][MB];
+    MLX_FPQMM_UNROLL
+    for (int r = 0; r < R; ++r) {
+      MLX_FPQMM_UNROLL
+      for (int m = 0; m < MB; ++m) {
+        acc[r][m] = V::zero();
+      }
+    }
+    for (int64_t c = 0; c < full; c += kDotStep<kBits>) {
+      MLX_FPQMM_UNROLL
+      for (int r = 0; r < R; ++r) {
+        auto words = V::load_words(codes[r] + c * kBits / 8);
+        F s = V::permute(V::load(scales[r] + (c >> shift)), groups);
+        // Two partial sums per x row halve the dependent-FMA chains.
+        F p[MB][2];
+        MLX_FPQMM_UNROLL
+        for (int m = 0; m < MB; ++m) {
+          p[m][0] = V::zero();
+          p[m][1] = V::zero();
+        }
+        MLX_FPQMM_UNROLL
+        for (int i = 0; i < P; ++i) {
+          F d = decode_lane_codes<kBits>(words, i);
+          MLX_FPQMM_UNROLL
+          for (int m = 0; m < MB; ++m) {
+            p[m][i % 2] =
+                V::fma(d, V::load(xa + m * K + c + i * kLanes), p[m][i % 2]);
+          }
+        }
+        MLX_FPQMM_UNROLL
+        for (int m = 0; m < MB; ++m) {
+          acc[r][m] = V::fma(p[m][0], s, acc[r][m]);
+          acc[r][m] = V::fma(p[m][1], s, acc[r][m]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int m = 0; m < MB; ++m) {
+        float total = V::sum(acc[r][m]);
+        for (int64_t c = full; c < K; ++c) {
+          total +=
+              xa[m * K + c] * code_value(w, rows[r], c) * scales[r][c >> shift];
+        }
+        out[m * ldo + r] = total;
+      }
+    }
+  }
+
+  template <int kBits, int R>
+  static void dot_rows(
+      const QuantizedMatrix& w,
+      const int64_t* rows,
+      const float* const* scales,
+      const float* xa,
+      int64_t M,
+      float* out,
+      int64_t ldo) {
+    constexpr int kMaxRows = 4;
+    int64_t m = 0;
+    for (; m + kMaxRows <= M; m += kMaxRows) {
+      dot_block<kBits, R, kMaxRows>(
+          w, rows, scales, xa + m * w.cols, out + m * ldo, ldo);
+    }
+    const float* x = xa + m * w.cols;
+    switch (M - m) {
+      case 3:
+        dot_block<kBits, R, 3>(w, rows, scales, x, out + m * ldo, ldo);
+        break;
+      case 2:
+        dot_block<kBits, R, 2>(w, rows, scales, x, out + m * ldo, ldo);
+        break;
+      case 1:
+        dot_block<kBits, R, 1>(w, rows, scales, x, out + m * ldo, ldo);
+        break;
+    }
+  }
+
+  template <int kBits>
+  static void dot_impl(
+      const QuantizedMatrix& w,
+      const float* x,
+      int64_t M,
+      int64_t n0,
+      int64_t n1,
+      float* out,
+      int64_t ldo) {
+    constexpr int R = V::kDotRows;
+    int64_t K = w.cols;
+    float* xa = scratch<float>(0, M * K);
+    for (int64_t m = 0; m < M; ++m) {
+      arrange<kBits>(x + m * K, K, xa + m * K);
+    }
+    int64_t stride = w.groups() + kScalePadding;
+    float* scale_rows = scratch<float>(1, R * stride);
+    int64_t rows[R];
+    const float* scales[R];
+    for (int64_t n = n0; n < n1; n += R) {
+      int count = static_cast<int>(std::min<int64_t>(R, n1 - n));
+      for (int r = 0; r < count; ++r) {
+        rows[r] = n + r;
+        scales[r] = scale_rows + r * stride;
+        decode_scales(w, n + r, scale_rows + r * stride, 0, w.groups());
+      }
+      float* o = out + (n - n0);
+      if (count == R) {
+        dot_rows<kBits, R>(w, rows, scales, xa, M, o, ldo);
+      } else {
+        for (int r = 0; r < count; ++r) {
+          dot_rows<kBits, 1>(w, rows + r, scales + r, xa, M, o + r, ldo);
+        }
+      }
+    }
+  }
+
+  static void dot(
+      const QuantizedMatrix& w,
+      const float* x,
+      int64_t M,
+      int64_t n0,
+      int64_t n1,
+      float* out,
+      int64_t ldo) {
+    if (w.bits == 4) {
+      dot_impl<4>(w, x, M, n0, n1, out, ldo);
+    } else {
+      dot_impl<8>(w, x, M, n0, n1, out, ldo);
+    }
+  }
+
+  // Decodes columns [c0, c1) of row r, scaled, into dst in element order.
+  template <int kBits>
+  MLX_FPQMM_FLATTEN static void dequantize_row(
+      const QuantizedMatrix& w,
+      int64_t r,
+      int64_t c0,
+      int64_t c1,
+      const float* scales,
+      float* dst) {
+    const uint8_t* row = w.row(r);
+    int shift = group_shift(w);
+    int64_t c = c0;
+    bool two_groups = split<kBits>(w);
+    for (; c + kStep<kBits> <= c1; c += kStep<kBits>) {
+      F s = two_groups ? step_scale<true>(scales, c, shift)
+                       : step_scale<false>(scales, c, shift);
+      F d[kVecs<kBits>];
+      decode<kBits>(row, c, d);
+      if constexpr (kBits == 4) {
+        V::store_interleaved(dst + c - c0, V::mul(d[0], s), V::mul(d[1], s));
+      } else {
+        V::store(dst + c - c0, V::mul(d[0], s));
+      }
+    }
+    for (; c < c1; ++c) {
+      dst[c - c0] = code_value(w, r, c) * scales[c / w.group_size];
+    }
+  }
+
+  template <int kBits>
+  static void dequantize_impl(
+      const QuantizedMatrix& w,
+      int64_t r0,
+      int64_t r1,
+      int64_t c0,
+      int64_t c1,
+      float* dst,
+      int64_t ld) {
+    float* scales = scratch<float>(1, w.groups() + kScalePadding);
+    for (int64_t r = r0; r < r1; ++r) {
+      decode_scales(
+          w,
+          r,
+          scales,
+          c0 / w.group_size,
+          (c1 + w.group_size - 1) / w.group_size);
+      dequantize_row<kBits>(w, r, c0, c1, scales, dst + (r - r0) * ld);
+    }
+  }
+
+  static void dequantize(
+      const QuantizedMatrix& w,
+      int64_t r0,
+      int64_t r1,
+      int64_t c0,
+      int64_t c1,
+      float* dst,
+      int64_t ld) {
+    if (w.bits == 4) {
+      dequantize_impl<4>(w, r0, r1, c0, c1, dst, ld);
+    } else {
+      dequantize_impl<8>(w, r0, r1, c0, c1, dst, ld);
+    }
+  }
+
+  // x @ W with W (K, N): each row of W is decoded once, in blocks of columns
+  // that stay in L1, and added into every x row's accumulators.
+  MLX_FPQMM_FLATTEN static void axpy(
+      const QuantizedMatrix& w,
+      const float* x,
+      int64_t M,
+      int64_t c0,
+      int64_t c1,
+      float* out,
+      int64_t ldo) {
+    constexpr int64_t kBlock = 256;
+    float* w_row = scratch<float>(2, kBlock);
+    float* scales = scratch<float>(1, w.groups() + kScalePadding);
+    int64_t K = w.rows;
+    for (int64_t b0 = c0; b0 < c1; b0 += kBlock) {
+      int64_t b1 = std::min(c1, b0 + kBlock);
+      int64_t width = b1 - b0;
+      for (int64_t m = 0; m < M; ++m) {
+        std::fill_n(out + m * ldo + b0 - c0, width, 0.0f);
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        decode_scales(
+            w,
+            k,
+            scales,
+            b0 / w.group_size,
+            (b1 + w.group_size - 1) / w.group_size);
+        if (w.bits == 4) {
+          dequantize_row<4>(w, k, b0, b1, scales, w_row);
+        } else {
+          dequantize_row<8>(w, k, b0, b1, scales, w_row);
+        }
+        for (int64_t m = 0; m < M; ++m) {
+          F xk = V::set1(x[m * K + k]);
+          float* o = out + m * ldo + b0 - c0;
+          int64_t j = 0;
+          for (; j + kLanes <= width; j += kLanes) {
+            V::store(o + j, V::fma(V::load(w_row + j), xk, V::load(o + j)));
+          }
+          for (; j < width; ++j) {
+            o[j] += w_row[j] * x[m * K + k];
+          }
+        }
+      }
+    }
+  }
+};
+
+}  // namespace mlx_fpqmm::cpu

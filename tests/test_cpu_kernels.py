@@ -1,0 +1,161 @@
+"""The CPU kernels: every ISA this machine runs, both paths, tails and scales.
+
+MLX_FPQMM_CPU_ISA picks the ISA and MLX_FPQMM_CPU_GEMM_MIN_M the M from which
+the GEMM path runs; the CPU code reads both on every call.
+"""
+
+import os
+import platform
+import subprocess
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from reference import BITS, DEFAULT_GROUP_SIZE, TOLERANCE, qmm_reference, relative_error
+
+import mlx_fpqmm
+
+DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+DTYPE_NAMES = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}
+ALL_MODES = ("mxfp4", "nvfp4", "mxfp8", "fp4", "fp8")
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def runnable_isas() -> list[str]:
+    """The ISAs whose kernels this machine runs (the CPU code's own check)."""
+    isas = ["portable"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags = cpu_flags()
+        if {"avx2", "fma"} <= flags:
+            isas.append("avx2")
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+            isas.append("avx512")
+    elif platform.machine() in ("arm64", "aarch64"):
+        isas.append("neon")
+    return isas
+
+
+ISAS = runnable_isas()
+PATHS = {"fused": "1000000000", "gemm": "1"}
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, monkeypatch):
+    monkeypatch.setenv("MLX_FPQMM_CPU_ISA", request.param)
+    return request.param
+
+
+@pytest.fixture(params=list(PATHS))
+def path(request, monkeypatch):
+    monkeypatch.setenv("MLX_FPQMM_CPU_GEMM_MIN_M", PATHS[request.param])
+    return request.param
+
+
+def op_for(mode):
+    return mlx_fpqmm.fp4_qmm if BITS[mode] == 4 else mlx_fpqmm.fp8_qmm
+
+
+def check(x, w_q, scales, mode, transpose, group_size=None, global_scale=None):
+    kwargs = {"group_size": group_size, "mode": mode}
+    if global_scale is not None:
+        kwargs["global_scale"] = global_scale
+    y = op_for(mode)(x, w_q, scales, transpose=transpose, **kwargs)
+    reference = qmm_reference(x, w_q, scales, mode, transpose, group_size, global_scale)
+    err = relative_error(y, reference)
+    assert err < TOLERANCE[x.dtype], err
+
+
+# K crosses the GEMM's 2048-deep panels and leaves a tail after every SIMD
+# step (32, 64 and 128 elements); N leaves a tail after every row block.
+def quantized_length(mode):
+    return 2048 + 256 + 32 + (16 if mode == "nvfp4" else 0)
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
+@pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
+def test_isa_and_path_match_reference(isa, path, mode, dtype, transpose):
+    K, N = quantized_length(mode), 38
+    rows = (1, 13) if path == "gemm" else (1, 6)
+    shape = (N, K) if transpose else (K, N)
+    if not transpose:  # quantized along N instead
+        K, N = N, K
+        shape = (K, N)
+    w_q, scales = mlx_fpqmm.quantize(mx.random.normal(shape), mode=mode)
+    for M in rows:
+        x = mx.random.normal((M, K)).astype(dtype)
+        check(x, w_q, scales, mode, transpose)
+
+
+@pytest.mark.parametrize("mode", ["fp4", "fp8"])
+@pytest.mark.parametrize("group_size", [16, 64, 128])
+@pytest.mark.parametrize("scale_dtype", DTYPES, ids=DTYPE_NAMES.get)
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=DTYPE_NAMES.get)
+def test_float_scale_group_sizes(isa, path, mode, group_size, scale_dtype, dtype):
+    K = 4 * 128 + group_size
+    w = mx.random.normal((21, K)).astype(scale_dtype)
+    w_q, scales = mlx_fpqmm.quantize(w, group_size, mode=mode)
+    for M in (1, 5, 14):
+        x = mx.random.normal((M, K)).astype(dtype)
+        check(x, w_q, scales, mode, True, group_size)
+        xt = mx.random.normal((M, 21)).astype(dtype)
+        check(xt, w_q, scales, mode, False, group_size)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=DTYPE_NAMES.get)
+def test_nvfp4_global_scale(isa, path, dtype):
+    w = mx.random.normal((40, 160)) * 1e-3
+    global_scale = mx.abs(w).max()
+    w_q, scales = mx.quantize(w, mode="nvfp4", global_scale=global_scale)
+    for M in (1, 14):
+        x = mx.random.normal((M, 160)).astype(dtype)
+        check(x, w_q, scales, "nvfp4", True, global_scale=global_scale)
+
+
+@pytest.mark.parametrize("mode", ["mxfp4", "mxfp8"])
+@pytest.mark.parametrize("byte", [0, 1, 127, 200])
+def test_e8m0_scale_bytes(isa, path, mode, byte):
+    """Every group scaled by 2^(byte - 127), byte 0 being 2^-127 as in MLX."""
+    K = 4 * DEFAULT_GROUP_SIZE[mode] * 4
+    w_q, scales = mlx_fpqmm.quantize(mx.random.normal((24, K)), mode=mode)
+    scales = mx.full(scales.shape, byte, dtype=mx.uint8)
+    # x scaled the other way (within float32's range for the unscaled sums)
+    # keeps the products normal floats.
+    x = mx.random.uniform(-1, 1, (5, K)) * 2.0 ** min(max(127 - byte, -100), 100)
+    check(x, w_q, scales, mode, True)
+
+
+def test_unaligned_and_strided_x(isa):
+    """Row offsets that break every vector alignment."""
+    w_q, scales = mlx_fpqmm.quantize(mx.random.normal((33, 320)), mode="mxfp4")
+    base = mx.random.normal((7, 323))
+    x = base[:, 3:]
+    check(x, w_q, scales, "mxfp4", True)
+
+
+def test_thread_count_does_not_change_results():
+    script = """
+import mlx.core as mx, mlx_fpqmm, numpy as np, sys
+mx.random.seed(1)
+w_q, s = mlx_fpqmm.quantize(mx.random.normal((300, 512)), mode="mxfp4")
+ys = [mlx_fpqmm.fp4_qmm(mx.random.normal((m, 512)), w_q, s) for m in (1, 7, 40)]
+np.save(sys.argv[1], np.concatenate([np.array(y).ravel() for y in ys]))
+"""
+    results = []
+    for threads in ("1", "3"):
+        out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fpqmm_threads_{threads}.npy")
+        env = dict(os.environ, MLX_FPQMM_NUM_THREADS=threads)
+        subprocess.run([sys.executable, "-c", script, out], check=True, env=env)
+        results.append(np.load(out))
+    np.testing.assert_array_equal(results[0], results[1])
