@@ -298,6 +298,8 @@ def quantize(
         >>> model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))
         >>> mlx_fpqmm.nn.quantize(model, mode="fp8")
     """
+    if mode != "affine":
+        _resolve_mode(mode, group_size, None)
     class_predicate = class_predicate or (lambda _, m: hasattr(m, "to_quantized"))
 
     def _maybe_quantize(path: str, m: nn.Module) -> nn.Module:
@@ -384,6 +386,8 @@ def convert(model: nn.Module) -> ConversionReport:
         >>> model, tokenizer = load("path/or/hf-repo/of/an-mxfp4-model")  # doctest: +SKIP
         >>> print(mlx_fpqmm.convert(model))  # doctest: +SKIP
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"convert expects an mlx.nn.Module but received {type(model).__name__}.")
     report = ConversionReport()
     ours = {nn.QuantizedLinear: QuantizedLinear, nn.QuantizedEmbedding: QuantizedEmbedding}
 

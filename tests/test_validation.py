@@ -132,3 +132,54 @@ def test_version_mismatch_is_an_import_error():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "built against mlx 0.32.4 but mlx 0.0.1 is installed" in out.stdout
     assert "pip install" in out.stdout
+
+
+def layer_cases():
+    import mlx.nn as nn
+
+    from mlx_fpqmm import nn as fnn
+
+    return {
+        "layer mode": (lambda: fnn.QuantizedLinear(64, 16, mode="int4"), "Invalid .*mode 'int4'"),
+        "layer bits": (
+            lambda: fnn.QuantizedLinear(64, 16, bits=8, mode="mxfp4"),
+            "'mxfp4' stores 4-bit codes but bits=8",
+        ),
+        "layer input dims": (lambda: fnn.QuantizedLinear(40, 16, mode="fp4"), "40"),
+        "layer group size": (
+            lambda: fnn.QuantizedLinear(64, 16, group_size=64, mode="mxfp4"),
+            "group_size=64 is not supported for mode 'mxfp4'",
+        ),
+        "layer input": (
+            lambda: fnn.QuantizedLinear(64, 16, mode="fp8")(mx.zeros((2, 32))),
+            r"last dimension of x \(32\) must equal K=64",
+        ),
+        "layer global scale on fp4": (
+            lambda: fnn.QuantizedLinear.from_linear(
+                nn.Linear(64, 8), mode="fp4", global_scale=True
+            ),
+            "global_scale is only supported for mode 'nvfp4'",
+        ),
+        "model quantize mode": (
+            lambda: fnn.quantize(nn.Linear(64, 8), mode="nope"),
+            "Invalid .*mode 'nope'",
+        ),
+        "model predicate": (
+            lambda: fnn.quantize(
+                nn.Sequential(nn.Linear(64, 8)), mode="fp4", class_predicate=lambda p, m: 3
+            ),
+            "class_predicate.* must return a bool or a dict",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(layer_cases()), ids=str)
+def test_bad_layer_argument(case):
+    call, message = layer_cases()[case]
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_convert_needs_a_module():
+    with pytest.raises(TypeError, match="mlx.nn.Module but received int"):
+        mlx_fpqmm.convert(3)
