@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import toolchain
+from .instrument import InstrumentError, instrument
 from .rewrite import RewriteError, TranslationUnit
 
 BufferValue = np.ndarray | np.generic | bytes
@@ -107,6 +108,7 @@ class Library:
             raise MetalCompileError(f"{source}: {error}") from error
 
     def _compile(self, source: Path, unit: TranslationUnit) -> Path:
+        """Source -> optimised IR -> traced IR (instrument.py) -> object."""
         flags = [
             *toolchain.KERNEL_FLAGS,
             f"-isystem{toolchain.SHIM_INCLUDE}",
@@ -115,28 +117,36 @@ class Library:
         ]
         address_spaces = (toolchain.SHIM_INCLUDE / "msim" / "address_spaces.h").read_bytes()
         key = toolchain.digest(
-            "kernels", unit.text, address_spaces, *flags, toolchain.clang_version()
+            "kernels",
+            unit.text,
+            address_spaces,
+            *flags,
+            *toolchain.CODEGEN_FLAGS,
+            toolchain.INSTRUMENT_PY.read_bytes(),
+            toolchain.clang_version(),
         )
 
         def build(output: Path) -> None:
             rewritten = output.with_suffix(".cpp")
+            ir = output.with_suffix(".ll")
             rewritten.write_text(unit.text)
-            command = [
-                *toolchain.clang(),
-                *flags,
-                "-x",
-                "c++",
-                "-c",
-                str(rewritten),
-                "-o",
-                str(output),
-            ]
-            result = toolchain.run_compiler(command, toolchain.clang_env())
+            command = [*toolchain.clang(), *flags, "-x", "c++", "-S", "-emit-llvm"]
+            result = toolchain.run_compiler(
+                [*command, str(rewritten), "-o", str(ir)], toolchain.clang_env()
+            )
             rewritten.unlink()
             if result.returncode != 0:
                 raise MetalCompileError(
                     f"{source} does not compile for the simulator:\n{result.stderr}"
                 )
+            try:
+                ir.write_text(instrument(ir.read_text()))
+            except InstrumentError as error:
+                raise MetalCompileError(f"{source}: {error}") from error
+            command = [*toolchain.clang(), *toolchain.CODEGEN_FLAGS, "-c", str(ir)]
+            result = toolchain.run_compiler([*command, "-o", str(output)], toolchain.clang_env())
+            ir.unlink()
+            toolchain.check(result)
 
         return toolchain.cached_build(key, ".o", build)
 

@@ -32,7 +32,12 @@ METAL_DEFINES = {
     "__HAVE_TENSOR__": "1",
 }
 
+# Kernels are compiled for a fixed CPU, not the host's, so cached objects are
+# right on any x86-64 machine and no AVX-512 gathers or masked accesses (which
+# the tracing would have to understand) appear.
+TARGET_FLAGS = ["-mcpu=baseline"]
 KERNEL_FLAGS = [
+    *TARGET_FLAGS,
     "-std=c++20",
     "-O1",
     "-gline-tables-only",
@@ -44,14 +49,16 @@ KERNEL_FLAGS = [
     "-ffloat16-excess-precision=none",
     "-Xclang",
     "-fbfloat16-excess-precision=none",
-    # Calls a hook before every load and store (see runtime.cpp).
-    "-fsanitize-coverage=func,inline-8bit-counters,trace-loads,trace-stores",
     "-fsanitize=shift-exponent,integer-divide-by-zero",
     "-fno-sanitize-recover=all",
     "-Wno-unknown-attributes",
     "-Wno-unknown-pragmas",
     "-Wno-unused-command-line-argument",
 ]
+# Compiling the instrumented IR: machine code only, no further IR passes
+# (they could merge or move the traced accesses).
+CODEGEN_FLAGS = [*TARGET_FLAGS, "-O1", "-Xclang", "-disable-llvm-passes", "-Wno-unused-command-line-argument"]
+INSTRUMENT_PY = PACKAGE_DIR / "instrument.py"
 RUNTIME_FLAGS = ["-std=c++20", "-O2", "-g", "-Wall", "-Wextra"]
 LINK_FLAGS = ["-no-pie", "-lm"]
 

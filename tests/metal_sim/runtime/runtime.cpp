@@ -4,8 +4,8 @@
 // writes the request to stdin and the buffer contents to a data file, and
 // reads a one-line JSON report from stdout. Every simulated thread of a
 // threadgroup is a fiber on one OS thread; fibers switch only at barriers and
-// collectives. Memory checks and counters come from clang's
-// -fsanitize-coverage=trace-loads,trace-stores callbacks defined below.
+// collectives. Memory checks and counters come from the __msim_load/store/copy
+// calls instrument.py puts before every device/constant/threadgroup access.
 #include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -240,7 +240,11 @@ struct Fiber {
   SourceLoc where{nullptr, 0};
 };
 
-void check_access(uintptr_t address, unsigned size, bool is_write, const void* pc) {
+// Checks and counts one access of `size` bytes. A copy's read (`uninitialized`
+// set) may read uninitialised threadgroup bytes: they are flagged there
+// instead, so the copy's destination stays uninitialised in those bytes.
+void check_access(uintptr_t address, size_t size, bool is_write, const void* pc,
+                  std::vector<uint8_t>* uninitialized = nullptr) {
   State& s = state();
   if (!s.checking) return;
   Region* r = find_region(address);
@@ -268,7 +272,13 @@ void check_access(uintptr_t address, unsigned size, bool is_write, const void* p
   for (size_t i = first; i < first + size; ++i) {
     WriteRecord& w = r->writes[i];
     if (is_write) {
-      w = {static_cast<uint16_t>(me), s.threadgroup_epoch, s.simdgroup_epochs[my_simdgroup]};
+      bool copies_uninitialized = uninitialized && (*uninitialized)[i - first];
+      w = {copies_uninitialized ? kUninitialized : static_cast<uint16_t>(me), s.threadgroup_epoch,
+           s.simdgroup_epochs[my_simdgroup]};
+      continue;
+    }
+    if (w.writer == kUninitialized && uninitialized) {
+      (*uninitialized)[i - first] = 1;
       continue;
     }
     if (w.writer == kUninitialized)
@@ -680,19 +690,23 @@ const char* function_constant_text(unsigned index) {
 
 }  // namespace msim
 
-#define MSIM_ACCESS_HOOKS(bytes, type)                                                                  \
-  extern "C" void __sanitizer_cov_load##bytes(type* address) {                                          \
-    msim::check_access(reinterpret_cast<uintptr_t>(address), bytes, false, __builtin_return_address(0)); \
-  }                                                                                                     \
-  extern "C" void __sanitizer_cov_store##bytes(type* address) {                                         \
-    msim::check_access(reinterpret_cast<uintptr_t>(address), bytes, true, __builtin_return_address(0));  \
-  }
-MSIM_ACCESS_HOOKS(1, uint8_t)
-MSIM_ACCESS_HOOKS(2, uint16_t)
-MSIM_ACCESS_HOOKS(4, uint32_t)
-MSIM_ACCESS_HOOKS(8, uint64_t)
-MSIM_ACCESS_HOOKS(16, __int128)
-#undef MSIM_ACCESS_HOOKS
+// Memory hooks: calls to these precede every load, store and memcpy/memset
+// through a device, constant or threadgroup pointer (see instrument.py).
+extern "C" void __msim_load(uintptr_t address, size_t size) {
+  msim::check_access(address, size, false, __builtin_return_address(0));
+}
+
+extern "C" void __msim_store(uintptr_t address, size_t size) {
+  msim::check_access(address, size, true, __builtin_return_address(0));
+}
+
+// memcpy/memmove: copying uninitialised threadgroup bytes is no error (struct
+// padding); the destination's copies of them stay uninitialised.
+extern "C" void __msim_copy(uintptr_t destination, uintptr_t source, size_t size) {
+  std::vector<uint8_t> uninitialized(size, 0);
+  msim::check_access(source, size, false, __builtin_return_address(0), &uninitialized);
+  msim::check_access(destination, size, true, __builtin_return_address(0), &uninitialized);
+}
 
 // -fsanitize=shift-exponent,integer-divide-by-zero handlers (clang's UBSan
 // ABI): every check data record starts with the source location.
@@ -709,8 +723,5 @@ extern "C" void __ubsan_handle_shift_out_of_bounds_abort(const UbsanLocation* at
 extern "C" void __ubsan_handle_divrem_overflow_abort(const UbsanLocation* at, uintptr_t, uintptr_t) {
   msim::fail("integer UB: division by zero (or INT_MIN / -1)", {at->file, at->line});
 }
-
-// Function-level coverage is only needed to switch the load/store hooks on.
-extern "C" void __sanitizer_cov_8bit_counters_init(char*, char*) {}
 
 int main() { return msim::run(); }
