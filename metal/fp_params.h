@@ -50,6 +50,16 @@ constexpr int padded_row(int elements, int itemsize) {
   return elements + 16 / itemsize;
 }
 
+// NAX kernels (metal/nax/): a BM x 64 output tile per threadgroup of 2 x 2
+// simdgroups, each running (16, 32, 16) matmul2d steps on a (BM / 2) x 32
+// corner; K in blocks of 64 (any multiple of 16: the group sizes are). BM is
+// 32 or 64. x is staged as T, W dequantized to bfloat (exact for MLX's
+// modes), so each is read from device memory once per tile.
+FPQMM_CONST int kNaxBlockN = 64;
+FPQMM_CONST int kNaxBlockK = 64;
+FPQMM_CONST int kNaxThreads = 4 * kSimdSize;
+FPQMM_CONST int kNaxWeightItemsize = 2;  // bfloat
+
 // Decode kernel for transpose=True (qmv): each simdgroup owns `rows` outputs
 // of one x-row block; each lane reads 8 bytes of each weight row per step.
 // Two variants: up to 8 x rows with 2 outputs per simdgroup, and up to 32 x

@@ -36,15 +36,23 @@ _NUMPY_TYPES = {
 _NAN_BITS_BFLOAT16 = 0x7FC0
 
 
-def kernel_sources() -> list[Path]:
-    """The .metal files of the base metallib (what CMake compiles on macOS)."""
-    return sorted(METAL_DIR.glob("*.metal"))
+# Each metallib (as the plan names it) and the directory of its .metal files.
+LIBRARIES = {"mlx_fpqmm": METAL_DIR, "mlx_fpqmm_nax": METAL_DIR / "nax"}
+
+
+def kernel_sources(name: str = "mlx_fpqmm") -> list[Path]:
+    """The .metal files of a metallib (what CMake compiles on macOS)."""
+    return sorted(LIBRARIES[name].glob("*.metal"))
 
 
 @functools.cache
-def library():
-    """The simulator's build of every kernel in ``kernel_sources()``."""
-    if not (SIMULATOR_DIR / "metal_sim").is_dir() or not kernel_sources():
+def library(name: str = "mlx_fpqmm"):
+    """The simulator's build of the metallib ``name``: every kernel in its sources.
+
+    Each metallib is a library of its own, as on the GPU (the function constants
+    of ``metal/fp_common.h`` are defined once per library).
+    """
+    if not (SIMULATOR_DIR / "metal_sim").is_dir() or not kernel_sources(name):
         raise RuntimeError(
             "mlx_fpqmm.testing needs a source checkout of mlx_fpqmm: the Metal kernels "
             f"({METAL_DIR}) and the simulator ({SIMULATOR_DIR / 'metal_sim'}) were not found."
@@ -53,7 +61,7 @@ def library():
         sys.path.insert(0, str(SIMULATOR_DIR))
     from metal_sim import Library
 
-    return Library(kernel_sources(), include_dirs=[METAL_DIR])
+    return Library(kernel_sources(name), include_dirs=[METAL_DIR])
 
 
 @dataclass
@@ -86,13 +94,15 @@ def run_metal(
     macos: str | None = None,
     kernel: str = "auto",
 ) -> MetalRun:
-    """Plans the call as the GPU evaluation would on ``device`` and simulates it."""
+    """Plans the call as the GPU evaluation would on ``device`` and simulates it.
+
+    The simulator builds the NAX kernels from their sources, so the plan may pick
+    them wherever the device and macOS version allow.
+    """
     x, w, scales, global_scale = map(_as_mlx, (x, w, scales, global_scale))
     plan = _ext._metal_plan(
-        x, w, scales, global_scale, mode, group_size, transpose, device, macos, kernel, True
+        x, w, scales, global_scale, mode, group_size, transpose, device, macos, kernel, True, True
     )
-    if kernel != "auto" and plan["path"] != kernel:
-        raise RuntimeError(f"kernel={kernel!r} is unavailable: {plan['note']}")
     output_shape = plan["output_shape"]
     out_type = _NUMPY_TYPES[x.dtype]
     # NaN everywhere, so an output element the kernel never writes shows.
@@ -120,7 +130,7 @@ def run_metal(
             else:
                 buffers[index] = np.array(value, dtype=vectors[kind]).tobytes()
         counters = (
-            library()
+            library(plan["library"])
             .dispatch(
                 plan["kernel"],
                 buffers=buffers,

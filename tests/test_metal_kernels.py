@@ -3,13 +3,20 @@ them, against the same MLX reference as the CPU tests."""
 
 import math
 
+import ml_dtypes
 import mlx.core as mx
 import numpy as np
 import pytest
-from reference import TOLERANCE, qmm_reference, relative_error
+from reference import (
+    MLX_MODES,
+    TOLERANCE,
+    dequantize_reference,
+    qmm_reference,
+    relative_error,
+)
 
 import mlx_fpqmm
-from mlx_fpqmm.testing import library, metal_qmm, run_metal
+from mlx_fpqmm.testing import LIBRARIES, library, metal_qmm, run_metal
 
 TYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 # Group size 16 in both, so K % 32 == 16 is allowed.
@@ -23,7 +30,10 @@ FAMILIES = {
     "mma_t_bm32": (True, "mma", 20),
     "mma_t_bm64": (True, "mma", 40),
     "mma_n_bm32": (False, "mma", 20),
+    "nax_t_bm32": (True, "nax", 20),
+    "nax_t_bm64": (True, "nax", 40),
 }
+NAX_DEVICE = "applegpu_g17s"
 EXPECTED_KERNELS = [
     f"fpqmm_{family}_{codes}_{type_name}"
     for family in FAMILIES
@@ -55,7 +65,9 @@ def check(x, w_q, scales, mode, *, transpose=True, group_size=None, global_scale
 
 
 def test_instantiated_kernels_are_the_tested_ones():
-    assert sorted(library().names) == sorted(EXPECTED_KERNELS)
+    # Every metallib: the base one and the NAX one.
+    names = [name for library_name in LIBRARIES for name in library(library_name).names]
+    assert sorted(names) == sorted(EXPECTED_KERNELS)
 
 
 @pytest.mark.parametrize("host_name", EXPECTED_KERNELS)
@@ -67,7 +79,18 @@ def test_every_kernel_runs(host_name):
     N, K = (40, 80) if transpose else (48, 37)
     w_q, scales = quantized((N, K) if transpose else (K, N), mode, group_size)
     x = mx.random.normal((M, K)).astype(TYPES[type_name])
-    run = check(x, w_q, scales, mode, transpose=transpose, group_size=group_size, kernel=kernel)
+    device = NAX_DEVICE if kernel == "nax" else "applegpu_g16s"
+    check_kernel = check_nax if kernel == "nax" else check
+    run = check_kernel(
+        x,
+        w_q,
+        scales,
+        mode,
+        transpose=transpose,
+        group_size=group_size,
+        kernel=kernel,
+        device=device,
+    )
     assert run.plan["kernel"] == host_name
 
 
@@ -149,6 +172,33 @@ def test_global_scale(kernel, transpose):
     check(x, w_q, scales, "nvfp4", transpose=transpose, global_scale=global_scale, kernel=kernel)
 
 
+def weights_as_nax_stages_them(w_q, scales, mode, group_size=None, global_scale=None):
+    """W as the NAX kernels stage it: decoded, then rounded to bfloat."""
+    w = dequantize_reference(w_q, scales, mode, group_size, global_scale)
+    return w.astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def check_nax(x, w_q, scales, mode, *, group_size=None, global_scale=None, **kwargs):
+    """check() for the NAX path, whose weights are bfloat: exact for MLX's modes
+    without a global scale (there the plain reference is used), rounded for float
+    scales and nvfp4's global scale (there the reference rounds W the same way)."""
+    kwargs.setdefault("device", NAX_DEVICE)
+    kwargs.setdefault("kernel", "nax")
+    kwargs.pop("transpose", None)
+    run = run_metal(
+        x, w_q, scales, mode=mode, group_size=group_size, global_scale=global_scale, **kwargs
+    )
+    assert run.plan["path"] == "nax"
+    w = weights_as_nax_stages_them(w_q, scales, mode, group_size, global_scale)
+    if mode in MLX_MODES and global_scale is None:
+        assert np.array_equal(w, dequantize_reference(w_q, scales, mode, group_size))
+    xf = np.array(x.astype(mx.float32)).astype(np.float64)
+    reference = (xf @ np.swapaxes(w, -1, -2), np.abs(xf) @ np.abs(np.swapaxes(w, -1, -2)))
+    error = relative_error(mx.array(run.y), reference)
+    assert error < TOLERANCE[x.dtype], (run.plan["kernel"], error)
+    return run
+
+
 def test_auto_path_on_each_generation():
     w_q, scales = quantized((64, 128), "mxfp4")
     x = mx.random.normal((16, 128))
@@ -169,8 +219,8 @@ def test_metal_qmm_returns_numpy_and_refuses_missing_kernels():
     x = np.random.default_rng(0).standard_normal((2, 64), dtype=np.float32)
     y = metal_qmm(x, w_q, scales, mode="mxfp4")
     assert isinstance(y, np.ndarray) and y.dtype == np.float32 and y.shape == (2, 32)
-    with pytest.raises(RuntimeError, match="kernel='nax' is unavailable"):
-        metal_qmm(x, w_q, scales, mode="mxfp4", device="applegpu_g17s", kernel="nax")
+    with pytest.raises(RuntimeError, match="NAX kernel was requested .* cannot run"):
+        metal_qmm(x, w_q, scales, mode="mxfp4", device="applegpu_g16s", kernel="nax")
 
 
 def test_empty_x():

@@ -1,6 +1,8 @@
 """The Metal plan (csrc/metal/plan.cpp) on fake devices: path choice by GPU
 generation, NAX gating, the MLX_FPQMM_KERNEL override and the dispatch shapes."""
 
+import sys
+
 import mlx.core as mx
 import pytest
 
@@ -71,16 +73,33 @@ def test_nax_gate_by_generation_and_os(device, macos, expected):
     assert path_of(64, 4096, 4096, device, macos=macos, nax_built=True) == expected
 
 
-def test_nax_needs_built_kernels_transpose_and_k_multiple_of_64():
+def test_nax_needs_built_kernels_and_transpose_but_no_k_multiple_of_64():
     assert path_of(64, 4096, 4096, "applegpu_g17s") == "mma"  # not built
     assert path_of(64, 4096, 4096, "applegpu_g17s", transpose=False, nax_built=True) == "mma"
-    assert path_of(64, 4096, 4096 + 32, "applegpu_g17s", nax_built=True) == "mma"
+    # K tails of 16, 32 or 48: the kernel steps through K by 16.
+    assert path_of(64, 4096, 4096 + 16, "applegpu_g17s", nax_built=True) == "nax"
 
 
-def test_this_build_reports_why_there_is_no_nax():
+def test_float32_takes_nax_only_with_tf32(monkeypatch):
+    args = dict(device="applegpu_g17s", macos="26.2")
+    plan = mlx_fpqmm.kernel_path(*problem(64, dtype=mx.float32), **args)
+    assert plan["path"] == "nax" and plan["kernel"] == "fpqmm_nax_t_bm64_e2m1_float32"
+    monkeypatch.setenv("MLX_ENABLE_TF32", "0")
+    plan = mlx_fpqmm.kernel_path(*problem(64, dtype=mx.float32), **args)
+    assert plan["path"] == "mma" and "MLX_ENABLE_TF32=0" in plan["note"]
+    assert mlx_fpqmm.kernel_path(*problem(64), **args)["path"] == "nax"  # float16
+    with pytest.raises(RuntimeError, match="cannot run: float32 x"):
+        mlx_fpqmm.kernel_path(*problem(64, dtype=mx.float32), kernel="nax", **args)
+
+
+def test_kernel_path_assumes_a_nax_build_off_macos():
+    # On a Mac the installed metallibs decide; elsewhere the device is hypothetical.
     plan = mlx_fpqmm.kernel_path(*problem(64), device="applegpu_g17s", macos="26.2")
-    assert plan["path"] == "mma"
-    assert "no NAX kernels" in plan["note"]
+    if sys.platform == "darwin" and plan["path"] == "mma":
+        assert "no NAX kernels" in plan["note"]
+    else:
+        assert plan["path"] == "nax" and plan["library"] == "mlx_fpqmm_nax"
+        assert plan["kernel"] == "fpqmm_nax_t_bm64_e2m1_float16"
 
 
 @pytest.mark.parametrize("kernel", ["qmv", "mma"])
@@ -90,10 +109,28 @@ def test_forced_kernel(kernel):
         assert plan["path"] == kernel and plan["requested"] == kernel
 
 
-def test_forced_nax_falls_back_to_mma_and_says_why():
-    plan = mlx_fpqmm.kernel_path(*problem(64), device="applegpu_g16s", kernel="nax")
-    assert plan["path"] == "mma"
-    assert plan["note"].startswith("nax requested but")
+@pytest.mark.parametrize(
+    "device,macos,transpose,reason",
+    [
+        ("applegpu_g16s", "26.2", True, "older than generation 17"),
+        ("applegpu_g17p", "26.2", True, "older than generation 18"),
+        ("applegpu_g17s", "26.1", True, "macOS 26.1 is older than 26.2"),
+        ("applegpu_g17s", "26.2", False, "no NAX kernel for transpose=False"),
+    ],
+)
+def test_forced_nax_errors_where_it_cannot_run(monkeypatch, device, macos, transpose, reason):
+    x, w_q, scales = problem(64, transpose=transpose)
+    args = dict(transpose=transpose, device=device, macos=macos)
+    with pytest.raises(RuntimeError, match=f"requested .* cannot run: .*{reason}"):
+        mlx_fpqmm.kernel_path(x, w_q, scales, kernel="nax", **args)
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", "nax")
+    with pytest.raises(RuntimeError, match=reason):
+        mlx_fpqmm.kernel_path(x, w_q, scales, **args)
+
+
+def test_forced_nax_runs_below_the_decode_limit():
+    plan = mlx_fpqmm.kernel_path(*problem(1), device="applegpu_g18p", macos="26.2", kernel="nax")
+    assert plan["path"] == "nax" and plan["kernel"] == "fpqmm_nax_t_bm32_e2m1_float16"
 
 
 def test_environment_override(monkeypatch):
@@ -130,23 +167,38 @@ def test_bad_arguments():
         (33, True, "mma", "fpqmm_mma_t_bm64_e2m1_float16", (8, 1, 1)),
         (200, True, "mma", "fpqmm_mma_t_bm64_e2m1_float16", (8, 4, 1)),
         (200, False, "mma", "fpqmm_mma_n_bm32_e2m1_float16", (8, 7, 1)),
+        (20, True, "nax", "fpqmm_nax_t_bm32_e2m1_float16", (4, 1, 1)),
+        (33, True, "nax", "fpqmm_nax_t_bm64_e2m1_float16", (4, 1, 1)),
+        (200, True, "auto", "fpqmm_nax_t_bm64_e2m1_float16", (4, 4, 1)),
     ],
 )
 def test_kernel_and_grid(M, transpose, kernel, name, grid):
+    device = "applegpu_g17s" if "nax" in name else "applegpu_g16s"
     plan = mlx_fpqmm.kernel_path(
-        *problem(M, transpose=transpose), transpose=transpose, device="applegpu_g16s", kernel=kernel
+        *problem(M, transpose=transpose),
+        transpose=transpose,
+        device=device,
+        macos="26.2",
+        kernel=kernel,
     )
     assert plan["kernel"] == name
     assert plan["grid"] == grid
+    assert plan["library"] == ("mlx_fpqmm_nax" if "nax" in name else "mlx_fpqmm")
 
 
 def test_threadgroup_memory_fits_and_is_aligned():
     for dtype in (mx.float32, mx.float16, mx.bfloat16):
-        for M, transpose, kernel in [(200, True, "mma"), (200, False, "mma"), (2, False, "qmv")]:
+        for M, transpose, kernel in [
+            (200, True, "mma"),
+            (200, False, "mma"),
+            (2, False, "qmv"),
+            (200, True, "nax"),
+        ]:
             plan = mlx_fpqmm.kernel_path(
                 *problem(M, transpose=transpose, dtype=dtype),
                 transpose=transpose,
-                device="applegpu_g16s",
+                device="applegpu_g17s",
+                macos="26.2",
                 kernel=kernel,
             )
             sizes = plan["threadgroup_memory"].values()

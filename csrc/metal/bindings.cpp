@@ -144,6 +144,7 @@ nb::dict plan_dict(const KernelPlan& plan) {
   result["path"] = std::string(path_name(plan.path));
   result["requested"] = std::string(request_name(plan.requested));
   result["note"] = plan.note;
+  result["library"] = plan.library;
   result["kernel"] = plan.kernel;
   result["pipeline"] = plan.pipeline_name();
   result["grid"] = nb::make_tuple(plan.grid[0], plan.grid[1], plan.grid[2]);
@@ -179,6 +180,7 @@ nb::dict plan_call(
     const std::optional<std::string>& device,
     const std::optional<std::string>& macos,
     const std::optional<std::string>& kernel,
+    std::optional<bool> nax_kernels_built,
     bool with_operands) {
   auto node =
       primitive_node(x, w, scales, global_scale, mode, group_size, transpose);
@@ -204,8 +206,17 @@ nb::dict plan_call(
       primitive_group_size,
       primitive_transpose,
       with_operands);
-  auto result = plan_dict(
-      plan(problem, device_description(device, macos), request_from(kernel)));
+  // By default: on a Mac, whether this build installed the NAX library;
+  // elsewhere the device is hypothetical, built with an SDK that has Metal 4.
+  if (!nax_kernels_built) {
+    nax_kernels_built =
+        running_macos_version().first == 0 || nax_library_installed();
+  }
+  auto result = plan_dict(plan(
+      problem,
+      device_description(device, macos),
+      request_from(kernel),
+      *nax_kernels_built));
   nb::list output_shape;
   for (int size : node.shape()) {
     output_shape.append(size);
@@ -249,6 +260,7 @@ void register_metal_bindings(nb::module_& m) {
             device,
             macos,
             kernel,
+            std::nullopt,
             false);
       },
       nb::arg(),
@@ -287,7 +299,7 @@ void register_metal_bindings(nb::module_& m) {
 
         Returns:
             dict: ``path`` (``"qmv"``, ``"mma"`` or ``"nax"``), ``note`` (why),
-            ``kernel`` (the host name), ``grid``, ``threadgroup``,
+            ``library`` (the metallib), ``kernel`` (the host name), ``grid``, ``threadgroup``,
             ``threadgroup_memory``, ``constants`` and ``buffers``.
       )pbdoc");
 
@@ -304,6 +316,7 @@ void register_metal_bindings(nb::module_& m) {
       "device"_a,
       "macos"_a.none(),
       "kernel"_a,
+      "nax_kernels_built"_a.none(),
       "with_operands"_a,
       "The plan of a call plus the bytes of its evaluated operands.");
 

@@ -105,6 +105,23 @@ void plan_mma(const QmmProblem& p, KernelPlan& plan) {
       threadgroup_buffer(0, x_tile), threadgroup_buffer(1, w_tile)};
 }
 
+void plan_nax(const QmmProblem& p, KernelPlan& plan) {
+  // MLX's choice: 32-row tiles up to M = 32 (no steps on zero rows), 64 rows
+  // above (half the weight traffic).
+  int block_m = p.M > 32 ? 64 : 32;
+  int item = itemsize(p.x_type);
+  int x_tile = block_m * fpqmm::padded_row(fpqmm::kNaxBlockK, item) * item;
+  int w_tile = fpqmm::kNaxBlockN *
+               fpqmm::padded_row(fpqmm::kNaxBlockK, fpqmm::kNaxWeightItemsize) *
+               fpqmm::kNaxWeightItemsize;
+  plan.library = kNaxLibrary;
+  plan.kernel = kernel_name("nax_t", block_m, p);
+  plan.threadgroup = {fpqmm::kNaxThreads, 1, 1};
+  plan.grid = {ceil_div(p.N, fpqmm::kNaxBlockN), ceil_div(p.M, block_m), 1};
+  plan.threadgroup_memory = {
+      threadgroup_buffer(0, x_tile), threadgroup_buffer(1, w_tile)};
+}
+
 void bind_buffers(const QmmProblem& p, KernelPlan& plan) {
   auto& b = plan.buffers;
   b.push_back({FPQMM_BUFFER_W, Operand::w});
@@ -233,6 +250,11 @@ int decode_row_limit(const QmmProblem& problem, const GpuDevice& device) {
   return extent <= 2048 ? row.small : extent <= 4096 ? row.medium : row.large;
 }
 
+bool tf32_enabled_from_env() {
+  const char* value = std::getenv("MLX_ENABLE_TF32");
+  return value == nullptr || *value == '\0' || std::atoi(value) != 0;
+}
+
 std::optional<std::string> nax_unavailable_reason(
     const QmmProblem& problem,
     const GpuDevice& device,
@@ -253,8 +275,11 @@ std::optional<std::string> nax_unavailable_reason(
   if (!problem.transpose) {
     return std::string("there is no NAX kernel for transpose=False");
   }
-  if (problem.K % 64 != 0) {
-    return "K=" + std::to_string(problem.K) + " is not a multiple of 64";
+  // Any K: the kernel steps through K by 16, and every group size is a
+  // multiple of 16.
+  if (problem.x_type == FloatType::float32 && !tf32_enabled_from_env()) {
+    return std::string(
+        "float32 x runs at reduced precision there and MLX_ENABLE_TF32=0");
   }
   return std::nullopt;
 }
@@ -272,7 +297,10 @@ PathChoice choose_path(
       return {KernelPath::mma, "mma requested"};
     case KernelRequest::nax:
       if (nax_blocker) {
-        return {KernelPath::mma, "nax requested but " + *nax_blocker};
+        throw std::runtime_error(
+            "The NAX kernel was requested (MLX_FPQMM_KERNEL=nax or "
+            "kernel='nax') but cannot run: " +
+            *nax_blocker + ".");
       }
       return {KernelPath::nax, "nax requested"};
     case KernelRequest::automatic:
@@ -304,13 +332,16 @@ std::string KernelPlan::pipeline_name() const {
 }
 
 KernelPlan plan(
-    const QmmProblem& problem, const GpuDevice& device, KernelRequest request) {
-  auto choice = choose_path(problem, device, request, kNaxKernelsBuilt);
-  if (choice.path == KernelPath::nax) {
-    throw std::logic_error("[metal::plan] NAX kernels are not built.");
-  }
+    const QmmProblem& problem,
+    const GpuDevice& device,
+    KernelRequest request,
+    bool nax_kernels_built) {
+  auto choice = choose_path(problem, device, request, nax_kernels_built);
   KernelPlan plan{request, choice.path, std::move(choice.note)};
-  if (choice.path == KernelPath::mma) {
+  plan.library = kBaseLibrary;
+  if (choice.path == KernelPath::nax) {
+    plan_nax(problem, plan);
+  } else if (choice.path == KernelPath::mma) {
     plan_mma(problem, plan);
   } else if (problem.transpose) {
     plan_qmv(problem, plan);

@@ -67,7 +67,12 @@ struct QmmProblem {
 // kernels; MLX's table for transpose=True, by GPU generation and size class.
 int decode_row_limit(const QmmProblem& problem, const GpuDevice& device);
 
+// MLX_ENABLE_TF32 (MLX's switch, default on): whether float32 x may run on
+// the neural accelerators, which multiply float32 at reduced precision.
+bool tf32_enabled_from_env();
+
 // Why the NAX kernels cannot run this problem on this device, or nothing.
+// `nax_kernels_built`: the NAX metallib is there to load.
 std::optional<std::string> nax_unavailable_reason(
     const QmmProblem& problem, const GpuDevice& device, bool nax_kernels_built);
 
@@ -76,14 +81,17 @@ struct PathChoice {
   std::string note;  // why, including why not the requested path
 };
 
+// Throws std::runtime_error when NAX is requested and cannot run.
 PathChoice choose_path(
     const QmmProblem& problem,
     const GpuDevice& device,
     KernelRequest request,
     bool nax_kernels_built);
 
-// Whether this build holds NAX kernels (they land with the NAX issue).
-inline constexpr bool kNaxKernelsBuilt = false;
+// The metallibs, installed beside the module as <name>.metallib. The NAX
+// kernels have their own: it needs Metal 4, which not every SDK builds.
+inline constexpr std::string_view kBaseLibrary = "mlx_fpqmm";
+inline constexpr std::string_view kNaxLibrary = "mlx_fpqmm_nax";
 
 enum class Operand { w, scales, global_scale, x, y };
 
@@ -102,7 +110,8 @@ struct KernelPlan {
   KernelRequest requested;
   KernelPath path;
   std::string note;
-  std::string kernel;              // host_name in the metallib
+  std::string library;             // kBaseLibrary or kNaxLibrary
+  std::string kernel;              // host_name in the library
   std::array<int, 3> grid;         // threadgroups
   std::array<int, 3> threadgroup;  // threads
   std::vector<std::pair<int, int>> threadgroup_memory;  // index, bytes
@@ -114,6 +123,9 @@ struct KernelPlan {
 };
 
 KernelPlan plan(
-    const QmmProblem& problem, const GpuDevice& device, KernelRequest request);
+    const QmmProblem& problem,
+    const GpuDevice& device,
+    KernelRequest request,
+    bool nax_kernels_built);
 
 }  // namespace mlx_fpqmm::metal

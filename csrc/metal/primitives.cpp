@@ -7,8 +7,6 @@
 
 #ifdef _METAL_
 
-#include <dlfcn.h>
-
 #include <string>
 #include <variant>
 #include <vector>
@@ -22,18 +20,6 @@
 namespace mlx_fpqmm {
 
 namespace {
-
-// The directory of this extension module (MLX's own current_binary_dir()
-// would name libmlx's).
-const std::string& module_directory() {
-  static const std::string directory = [] {
-    Dl_info info;
-    dladdr(reinterpret_cast<void*>(&module_directory), &info);
-    std::string path = info.dli_fname;
-    return path.substr(0, path.rfind('/'));
-  }();
-  return directory;
-}
 
 metal::GpuDevice gpu_device(mx::metal::Device& d) {
   static const auto macos = metal::running_macos_version();
@@ -53,16 +39,22 @@ void FpQuantizedMatmul::eval_gpu(
   for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
     if (!metal::readable_in_place(inputs, i)) {
       // libmlx does not export its GPU copy to extensions.
-      throw std::invalid_argument(
+      // The ops copy them on GPU streams (libmlx's GPU copy is not exported
+      // to eval_gpu), so this is a bug.
+      throw std::logic_error(
           "[FpQuantizedMatmul] The Metal kernels need row-contiguous "
-          "matrices; pass mx.contiguous(...) of the inputs or run on the "
-          "CPU stream.");
+          "matrices, and the op did not make them so.");
     }
   }
   auto problem = metal::describe_problem(
       inputs, out.shape(), mode_, group_size_, transpose_, true);
-  auto plan =
-      metal::plan(problem, gpu_device(d), metal::kernel_request_from_env());
+  // The NAX library is loaded only where the plan chose it, so only on
+  // GPUs and macOS versions that pass its rule.
+  auto plan = metal::plan(
+      problem,
+      gpu_device(d),
+      metal::kernel_request_from_env(),
+      metal::nax_library_installed());
 
   mx::metal::MTLFCList constants;
   for (const auto& constant : plan.constants) {
@@ -73,7 +65,7 @@ void FpQuantizedMatmul::eval_gpu(
         is_bool ? MTL::DataType::DataTypeBool : MTL::DataType::DataTypeInt,
         constant.index);
   }
-  auto* library = d.get_library("mlx_fpqmm", module_directory());
+  auto* library = d.get_library(plan.library, metal::module_directory());
   auto* kernel =
       d.get_kernel(plan.kernel, library, plan.pipeline_name(), constants);
 

@@ -1,6 +1,9 @@
 #include "metal/problem.h"
 
+#include <dlfcn.h>
+
 #include <charconv>
+#include <filesystem>
 #include <stdexcept>
 
 #ifdef __APPLE__
@@ -118,6 +121,22 @@ std::pair<int, int> running_macos_version() {
   }
 #endif
   return {0, 0};
+}
+
+const std::string& module_directory() {
+  static const std::string directory = [] {
+    Dl_info info;
+    dladdr(reinterpret_cast<void*>(&module_directory), &info);
+    return std::filesystem::path(info.dli_fname).parent_path().string();
+  }();
+  return directory;
+}
+
+bool nax_library_installed() {
+  static const bool installed = std::filesystem::exists(
+      std::filesystem::path(module_directory()) /
+      (std::string(kNaxLibrary) + ".metallib"));
+  return installed;
 }
 
 }  // namespace mlx_fpqmm::metal

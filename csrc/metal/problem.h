@@ -36,4 +36,11 @@ std::pair<int, int> parse_os_version(const std::string& version);
 // The running macOS version ({0, 0} elsewhere).
 std::pair<int, int> running_macos_version();
 
+// The directory of this extension module, where the metallibs are installed
+// (MLX's own current_binary_dir() would name libmlx's).
+const std::string& module_directory();
+
+// Whether the build installed the NAX metallib (only SDKs with Metal 4 can).
+bool nax_library_installed();
+
 }  // namespace mlx_fpqmm::metal

@@ -1,0 +1,107 @@
+"""The NAX kernels (metal/nax/, Metal 4 matmul2d on cooperative tensors) through the
+simulator, planned for a generation-17 GPU on macOS 26.2 exactly as eval_gpu plans them."""
+
+import math
+
+import mlx.core as mx
+import pytest
+from test_metal_kernels import MODES, TYPES, check, check_nax, quantized, traffic
+
+import mlx_fpqmm
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", TYPES.values(), ids=TYPES.keys())
+def test_modes_and_dtypes(mode, dtype):
+    # Float-scale modes get scales of x's dtype from a w of that dtype.
+    w_q, scales = quantized((72, 128), mode, dtype=dtype)
+    x = mx.random.normal((21, 128)).astype(dtype)
+    check_nax(x, w_q, scales, mode)
+
+
+@pytest.mark.parametrize(
+    "M,N,K,block_m,mode",
+    [
+        (64, 128, 128, 64, "mxfp4"),  # full tiles
+        (128, 64, 256, 64, "mxfp4"),  # full tiles, several row blocks
+        (5, 64, 64, 32, "mxfp4"),  # M below BM
+        (32, 64, 64, 32, "mxfp4"),  # exactly one 32-row tile
+        (33, 64, 64, 64, "mxfp4"),  # the first M on 64-row tiles
+        (100, 70, 128, 64, "mxfp4"),  # M and N tails
+        (17, 33, 192, 32, "mxfp4"),  # M and N tails, N below one simdgroup's columns
+        (40, 96, 96, 64, "mxfp4"),  # a K tail of 32
+        (40, 96, 80, 64, "nvfp4"),  # a K tail of 16
+        (20, 64, 4096 + 48, 32, "nvfp4"),  # long K with a 48-wide tail
+    ],
+)
+def test_shapes(M, N, K, block_m, mode):
+    w_q, scales = quantized((N, K), mode)
+    x = mx.random.normal((M, K)).astype(mx.float16)
+    run = check_nax(x, w_q, scales, mode)
+    assert run.plan["kernel"] == f"fpqmm_nax_t_bm{block_m}_e2m1_float16"
+
+
+@pytest.mark.parametrize("mode", ["fp4", "fp8"])
+@pytest.mark.parametrize("group_size", [16, 64, 128])
+def test_group_sizes_and_scale_dtypes(mode, group_size):
+    # Groups narrower than, as wide as and wider than a thread's 32 codes and
+    # the 64-wide K block (a 128 group spans two blocks).
+    scale_dtype = {16: mx.float16, 64: mx.bfloat16, 128: mx.float32}[group_size]
+    w_q, scales = quantized((96, 384), mode, group_size, dtype=scale_dtype)
+    x = mx.random.normal((40, 384))
+    check_nax(x, w_q, scales, mode, group_size=group_size)
+
+
+def test_global_scale():
+    w = mx.random.normal((64, 96))
+    global_scale = mx.abs(w).max()
+    w_q, scales = mlx_fpqmm.quantize(w, mode="nvfp4", global_scale=global_scale)
+    x = mx.random.normal((40, 96))
+    check_nax(x, w_q, scales, "nvfp4", global_scale=global_scale)
+
+
+def test_batched():
+    w_q, scales = quantized((3, 64, 96), "mxfp8")  # one matrix per batch element
+    x = mx.random.normal((2, 1, 40, 96)).astype(mx.bfloat16)  # broadcast against w's batch
+    run = check_nax(x, w_q, scales, "mxfp8")
+    assert run.y.shape == (2, 3, 40, 64) and run.plan["grid"] == (1, 1, 6)
+
+
+def test_auto_path_picks_nax_from_the_decode_limit():
+    w_q, scales = quantized((64, 128), "mxfp4")
+    x = mx.random.normal((40, 128)).astype(mx.float16)
+    for device, path in [
+        ("applegpu_g17s", "nax"),
+        ("applegpu_g18p", "nax"),
+        ("applegpu_g16s", "mma"),
+    ]:
+        assert check(x, w_q, scales, "mxfp4", device=device).plan["path"] == path
+    run = check(x[:20], w_q, scales, "mxfp4", device="applegpu_g17s")
+    assert run.plan["path"] == "qmv"  # below generation 17's decode limit, 33
+
+
+def test_float32_needs_tf32(monkeypatch):
+    w_q, scales = quantized((64, 128), "mxfp4")
+    x = mx.random.normal((40, 128))
+    monkeypatch.setenv("MLX_ENABLE_TF32", "0")
+    assert check(x, w_q, scales, "mxfp4", device="applegpu_g17s").plan["path"] == "mma"
+    check_nax(x.astype(mx.float16), w_q, scales, "mxfp4")
+    monkeypatch.setenv("MLX_ENABLE_TF32", "1")
+    check_nax(x, w_q, scales, "mxfp4")
+
+
+@pytest.mark.parametrize("M,N,block_m", [(20, 96, 32), (100, 160, 64)])
+def test_traffic_follows_the_tiling(M, N, block_m):
+    K = 256
+    w_q, scales = quantized((N, K), "mxfp4")
+    x = mx.random.normal((M, K)).astype(mx.float16)
+    run = check_nax(x, w_q, scales, "mxfp4")
+    assert run.plan["kernel"].startswith(f"fpqmm_nax_t_bm{block_m}")
+    m_tiles, n_tiles = math.ceil(M / block_m), math.ceil(N / 64)
+    assert traffic(run, "w")["bytes_read"] == w_q.nbytes * m_tiles
+    assert traffic(run, "scales")["bytes_read"] == scales.nbytes * m_tiles
+    assert traffic(run, "x")["bytes_read"] == x.nbytes * n_tiles
+    assert traffic(run, "y")["bytes_written"] == M * N * x.itemsize
+    # (16, 32, 16) steps: one per (16-row, 32-column, 16-deep) block of valid output.
+    assert run.counters["matmul2d_runs"] == math.ceil(M / 16) * math.ceil(N / 32) * (K // 16)
+    assert run.counters["simdgroup_matrix_ops"] == 0
