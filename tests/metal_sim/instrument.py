@@ -184,9 +184,7 @@ class DataLayout:
         m = re.fullmatch(r"\[\s*(\d+)\s+x\s+(.+?)\s*\]", t)
         if m:
             n, element = int(m.group(1)), self(m.group(2))
-            leaves = tuple(
-                (i * element.size + o, b) for i in range(n) for o, b in element.leaves
-            )
+            leaves = tuple((i * element.size + o, b) for i in range(n) for o, b in element.leaves)
             return Layout(n * element.size, n * element.size, element.align, leaves)
         raise InstrumentError(f"cannot lay out IR type {t!r}")
 

@@ -93,7 +93,7 @@ class Library:
             "-E",
             "-x",
             "c++",
-            "-std=c++20",
+            "-std=c++23",
             f"-isystem{toolchain.SHIM_INCLUDE}",
             *(f"-I{d}" for d in self.include_dirs),
             *(f"-D{k}={v}" for k, v in self.defines.items()),

@@ -12,7 +12,10 @@ Rewrites:
   (clang's own vector casts would reinterpret bits);
 * `threadgroup T name[N];` inside functions -> a reference to one array per
   threadgroup;
-* `[[function_constant(i)]]` globals -> initialised from the dispatch;
+* `[[function_constant(i)]]` globals -> initialised from the dispatch (the
+  attribute may stand on the next line);
+* classes defined at namespace or class scope get MSIM_CROSS_SPACE_ASSIGNMENT
+  (assignment between address spaces, see msim/address_spaces.h);
 * kernels (`[[kernel]]` functions and `[[host_name]]` instantiations) ->
   generated entry points that bind parameters by their attributes;
 * all remaining `[[...]]` attributes are removed.
@@ -51,6 +54,11 @@ THREADGROUP_DECLARATION = re.compile(
     r"(?P<name>\w+)\s*(?P<dims>(?:\[[^\]]*\]\s*)*);"
 )
 FUNCTION_CONSTANT = re.compile(r"(\w+)\s*\[\[\s*function_constant\s*\(\s*(\w+)\s*\)\s*\]\]")
+CLASS_HEAD = re.compile(
+    r"(?<![\w.:])(?:struct|class|union)\s+(?:(?:\[\[[^\]]*\]\]|alignas\s*\([^)]*\))\s*)*"
+    r"\w+\s*(?:<[^;{}]*>\s*)?(?:final\s*)?(?::(?!:)[^;{}]*)?\{"
+)
+SCOPE_HEAD = re.compile(r"\b(?:namespace|struct|class|union)\b|^extern\s*\"C")
 CONSTANT_DEFINED = re.compile(r"\bis_function_constant_defined\s*\(\s*(\w+)\s*\)")
 ATTRIBUTE = re.compile(r"\[\[.*?\]\]", re.S)
 HOST_NAME = (
@@ -222,11 +230,13 @@ class TranslationUnit:
     def rewrite_chunk(self, text: str, definitions: str) -> str:
         text = self.generate_entries(text, definitions)
         text = FUNCTION_CONSTANT.sub(
-            lambda m: (
-                f"{m.group(1)} = ::msim::function_constant<decltype({m.group(1)})>({m.group(2)})"
+            lambda m: keep_lines(
+                m.group(),
+                f"{m.group(1)} = ::msim::function_constant<decltype({m.group(1)})>({m.group(2)})",
             ),
             text,
         )
+        text = add_cross_space_assignment(text)
         text = CONSTANT_DEFINED.sub(self.constant_defined, text)
         text = code_spans(text, self.rewrite_code)
         return ATTRIBUTE.sub(lambda m: keep_lines(m.group(), ""), text)
@@ -289,6 +299,38 @@ class TranslationUnit:
             last = end
         out.append(text[last:])
         return "".join(out)
+
+
+def add_cross_space_assignment(text: str) -> str:
+    """Puts MSIM_CROSS_SPACE_ASSIGNMENT into each class defined at namespace or class scope.
+
+    (Local classes cannot have member templates; they keep generic-space
+    assignment only.)
+    """
+    code = STRING_OR_CHAR.sub(lambda m: "_" * len(m.group()), text)
+    heads = {m.end(): m for m in CLASS_HEAD.finditer(code)}
+    out, last, scopes, statement = [], 0, [], 0
+    for m in re.finditer(r"[{};]", code):
+        i, c = m.start(), m.group()
+        if c == "{":
+            head = code[statement:i].strip()
+            is_scope = bool(SCOPE_HEAD.search(head)) and "(" not in head
+            class_head = heads.get(i + 1)
+            if (
+                class_head
+                and all(scopes)
+                and not re.search(
+                    r"\benum\s*$", code[max(0, class_head.start() - 16) : class_head.start()]
+                )
+            ):
+                out += [text[last : i + 1], " MSIM_CROSS_SPACE_ASSIGNMENT "]
+                last = i + 1
+            scopes.append(is_scope)
+        elif c == "}" and scopes:
+            scopes.pop()
+        statement = i + 1
+    out.append(text[last:])
+    return "".join(out)
 
 
 def host_name(literals: str) -> str:

@@ -38,7 +38,7 @@ METAL_DEFINES = {
 TARGET_FLAGS = ["-mcpu=baseline"]
 KERNEL_FLAGS = [
     *TARGET_FLAGS,
-    "-std=c++20",
+    "-std=c++23",  # explicit object parameters (MSIM_CROSS_SPACE_ASSIGNMENT)
     "-O1",
     "-gline-tables-only",
     "-fno-exceptions",
@@ -57,7 +57,13 @@ KERNEL_FLAGS = [
 ]
 # Compiling the instrumented IR: machine code only, no further IR passes
 # (they could merge or move the traced accesses).
-CODEGEN_FLAGS = [*TARGET_FLAGS, "-O1", "-Xclang", "-disable-llvm-passes", "-Wno-unused-command-line-argument"]
+CODEGEN_FLAGS = [
+    *TARGET_FLAGS,
+    "-O1",
+    "-Xclang",
+    "-disable-llvm-passes",
+    "-Wno-unused-command-line-argument",
+]
 INSTRUMENT_PY = PACKAGE_DIR / "instrument.py"
 RUNTIME_FLAGS = ["-std=c++20", "-O2", "-g", "-Wall", "-Wextra"]
 LINK_FLAGS = ["-no-pie", "-lm"]
