@@ -267,5 +267,11 @@ def test_mma_traffic_follows_the_tiling(M, block_m):
 def test_traffic_report():
     from mlx_fpqmm.bench_metal import report
 
-    text = report([("mxfp4", True, "qmv", 2, 64, 256), ("mxfp8", True, "mma", 40, 64, 128)])
-    assert "fpqmm_qmv_bm8_e2m1_float16" in text and "fpqmm_mma_t_bm64_e4m3_float16" in text
+    cases = [
+        ("mxfp4", True, "qmv", 2, 64, 256),
+        ("mxfp8", True, "mma", 40, 64, 128),
+        ("mxfp4", True, "nax", 40, 64, 128),
+    ]
+    text = report(cases)
+    for kernel in ("qmv_bm8_e2m1", "mma_t_bm64_e4m3", "nax_t_bm64_e2m1"):
+        assert f"fpqmm_{kernel}_float16" in text

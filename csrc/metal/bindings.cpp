@@ -293,7 +293,9 @@ void register_metal_bindings(nb::module_& m) {
               ``"applegpu_g16s"`` (generation 16, size class ``s``). Default:
               this machine's GPU.
             macos (str, optional): macOS version such as ``"26.2"``. Default:
-              this machine's, or the newest known elsewhere.
+              this machine's, or the newest known elsewhere. Off macOS the
+              device is hypothetical, with the NAX metallib installed; on a
+              Mac, NAX needs this build to have installed it.
             kernel (str, optional): ``"auto"``, ``"qmv"``, ``"mma"`` or
               ``"nax"``. Default: ``MLX_FPQMM_KERNEL`` or ``"auto"``.
 
