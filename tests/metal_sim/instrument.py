@@ -245,6 +245,15 @@ def pointer_operand(part: str) -> tuple[str, str] | None:
     return m.group(1), rest.strip()
 
 
+@dataclass
+class Memory:
+    """What a vector in memory is known to hold: values loaded from or stored to it."""
+
+    element_bytes: int
+    vectors: set[str]  # whole-vector values
+    elements: set[tuple[str, int]]  # (scalar value, byte offset)
+
+
 class Function:
     """One function body's lines, with the analysis of partial vector stores."""
 
@@ -288,9 +297,9 @@ class Function:
             return Access(index, "store", t, *pointer, value=value)
         return None
 
-    def kept_lanes(self, value: str, load: str, lanes: int) -> set[int] | None:
-        """Lanes of `value` equal to the same lanes of the load `load`, if it derives from it."""
-        if value == load:
+    def kept_lanes(self, value: str, memory: Memory, lanes: int) -> set[int] | None:
+        """Lanes of `value` equal to what memory holds there, if it derives from `memory`."""
+        if value in memory.vectors:
             return set(range(lanes))
         rest = self.definitions.get(value)
         if rest is None:
@@ -298,11 +307,16 @@ class Function:
         if rest.startswith("insertelement"):
             parts = split_top_level(rest[len("insertelement") :])
             _, source = split_type(parts[0])
-            kept = self.kept_lanes(source, load, lanes)
+            kept = self.kept_lanes(source, memory, lanes)
             lane = re.fullmatch(r"i\d+\s+(\d+)", parts[2]) if len(parts) > 2 else None
             if kept is None:
                 return None
-            return kept - {int(lane.group(1))} if lane else set()
+            if lane is None:
+                return set()
+            _, element = split_type(parts[1])
+            if (element, int(lane.group(1)) * memory.element_bytes) in memory.elements:
+                return kept  # the element was stored there already
+            return kept - {int(lane.group(1))}
         if rest.startswith("shufflevector"):
             parts = split_top_level(rest[len("shufflevector") :])
             if len(parts) < 3:
@@ -312,7 +326,7 @@ class Function:
             if width != lanes:
                 return None
             mask = self.shuffle_mask(parts[2], lanes)
-            kept_a, kept_b = self.kept_lanes(a, load, lanes), self.kept_lanes(b, load, lanes)
+            kept_a, kept_b = self.kept_lanes(a, memory, lanes), self.kept_lanes(b, memory, lanes)
             out = set()
             for i, source in enumerate(mask):
                 if source is None:
@@ -337,28 +351,50 @@ class Function:
             out.append(int(v) if re.fullmatch(r"-?\d+", v) else None)
         return out
 
-    def partial_store(self, store: Access) -> tuple[str, list[tuple[int, int]]] | None:
-        """(load it replaces, written runs) when `store` rewrites some lanes of a loaded vector."""
+    def partial_store(
+        self, store: Access
+    ) -> tuple[str, list[tuple[int, int]]] | None:
+        """(load it replaces, written runs) when `store` rewrites some lanes of a loaded vector.
+
+        Lanes that hold what an earlier store to the same place put there
+        (clang re-stores the whole vector after each component) count as kept.
+        """
         m = re.fullmatch(r"<\s*(\d+)\s+x\s+(.+?)\s*>", store.type)
         if m is None or not store.value.startswith("%"):
             return None
-        lanes, element_bytes = int(m.group(1)), element_bits(m.group(2))
-        if element_bytes % 8:
+        lanes, element_bits_ = int(m.group(1)), element_bits(m.group(2))
+        if element_bits_ % 8:
             return None
-        element_bytes //= 8
-        for name, rest in self.definitions.items():
-            if not rest.startswith("load "):
+        for name in self.loads.get((store.pointer, store.type), ()):
+            if self.uses.get(name, 0) != 2:
                 continue
-            parts = split_top_level(rest[len("load ") :])
-            pointer = pointer_operand(parts[1]) if len(parts) > 1 else None
-            if pointer is None or pointer[1] != store.pointer or parts[0] != store.type:
+            memory = Memory(element_bits_ // 8, {name}, set())
+            base, start = self.offset_from(store.pointer)
+            for earlier in self.stores.get(base, ()):
+                if earlier.index >= store.index:
+                    break
+                if earlier.pointer == store.pointer and earlier.type == store.type:
+                    memory.vectors.add(earlier.value)
+                else:
+                    offset = self.offset_from(earlier.pointer)[1] - start
+                    memory.elements.add((earlier.value, offset))
+            kept = self.kept_lanes(store.value, memory, lanes)
+            if kept is None:
                 continue
-            kept = self.kept_lanes(store.value, name, lanes)
-            if kept is None or self.uses.get(name, 0) != 2:
-                continue
-            written = [(i * element_bytes, element_bytes) for i in range(lanes) if i not in kept]
+            size = memory.element_bytes
+            written = [(i * size, size) for i in range(lanes) if i not in kept]
             return name, runs(tuple(written))
         return None
+
+    def offset_from(self, pointer: str) -> tuple[str, int]:
+        """(base, constant byte offset) of `pointer`: a byte GEP of the base, or itself."""
+        rest = self.definitions.get(pointer, "")
+        m = re.fullmatch(
+            rf"getelementptr\s+(?:inbounds\s+)?(?:nuw\s+)?i8,\s*ptr\s+addrspace\(\d+\)\s+"
+            rf"({VALUE}),\s*i64\s+(\d+)(?:,\s*!dbg\s+!\d+)?",
+            rest.strip(),
+        )
+        return (m.group(1), int(m.group(2))) if m else (pointer, 0)
 
     def temporary(self) -> str:
         self.counter += 1
@@ -381,6 +417,13 @@ class Function:
 
     def instrument(self) -> list[str]:
         accesses = {i: a for i in range(len(self.lines)) if (a := self.access(i))}
+        self.loads: dict[tuple[str, str], list[str]] = {}
+        self.stores: dict[str, list[Access]] = {}  # by base pointer, in order
+        for a in accesses.values():
+            if a.kind == "load":
+                self.loads.setdefault((a.pointer, a.type), []).append(a.name)
+            else:
+                self.stores.setdefault(self.offset_from(a.pointer)[0], []).append(a)
         untraced_loads, partial = set(), {}
         for a in accesses.values():
             if a.kind == "store" and a.space in TRACED_ADDRESS_SPACES:
