@@ -10,6 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 from metal_sim import KernelError, Library, MetalCompileError, toolchain
+from metal_sim.instrument import instrument
+from metal_sim.rewrite import TranslationUnit
 
 KERNELS = Path(__file__).parent / "metal_sim_kernels"
 BUGS = str(KERNELS / "bugs.metal")
@@ -457,3 +459,172 @@ def test_matmul2d_shared_by_two_simdgroups() -> None:
     )
     np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
     assert result.counters["matmul2d_runs"] == 1
+
+
+# ---------------------------------------------------------------- multi-file libraries
+
+
+@pytest.mark.parametrize(
+    ("constants", "bias"), [({10: 3, 11: False}, 0.0), ({10: 2, 11: True, 12: 0.5}, 0.5)]
+)
+def test_two_files_sharing_a_header_of_function_constants(constants: dict, bias: float) -> None:
+    """Each .metal file is its own translation unit: header globals do not collide."""
+    lib = Library(
+        [KERNELS / "shared_constants_a.metal", KERNELS / "shared_constants_b.metal"],
+        include_dirs=[KERNELS],
+    )
+    assert lib.names == ["scale_a", "scale_b"]
+    x = RNG.standard_normal(8).astype(np.float32)
+    expected = x * np.float32(constants[10]) * np.tile([1, 10, 100, 1000], 2) + np.float32(bias)
+    for name, sign in (("scale_a", 1), ("scale_b", -1)):
+        out = np.full(8, np.nan, np.float32)
+        lib.dispatch(
+            name, {0: x, 1: out}, grid=(1, 1, 1), threadgroup=(8, 1, 1), constants=constants
+        )
+        np.testing.assert_allclose(out, sign * expected.astype(np.float32), rtol=1e-6)
+
+
+def test_function_constant_attribute_on_the_next_line() -> None:
+    source = (KERNELS / "shared_constants.h").read_text()
+    assert re.search(r"\w\n\s+\[\[function_constant\(12\)\]\];", source)  # the split layout
+    unit = TranslationUnit(
+        '# 1 "k.metal"\nconstant float long_name\n    [[function_constant(12)]];\nint x;\n'
+    )
+    lines = unit.text.split("\n")
+    assert "function_constant<decltype(long_name)>(12)" in lines[1]
+    assert lines[3] == "int x;"  # line structure kept: diagnostics name the right line
+
+
+# ---------------------------------------------------------------- access widths
+
+
+@pytest.fixture(scope="module")
+def wide() -> Library:
+    return library("wide_access")
+
+
+RECORD = np.dtype(
+    {
+        "names": ["weight", "low", "values"],
+        "formats": ["<f4", "<f2", ("<f4", 4)],
+        "offsets": [0, 4, 16],
+        "itemsize": 32,
+    }
+)
+
+
+def test_32_byte_vectors_and_struct_copies_are_traced_exactly(wide: Library) -> None:
+    n = 64
+    halves = RNG.standard_normal((n, 8)).astype(np.float16)
+    floats = RNG.standard_normal((n, 8)).astype(np.float32)
+    records = np.zeros(n, RECORD)
+    records["weight"] = RNG.standard_normal(n)
+    records["low"] = RNG.standard_normal(n)
+    records["values"] = RNG.standard_normal((n, 4))
+    outs = [np.full_like(halves, np.nan), np.full_like(floats, np.nan), np.zeros(n, RECORD)]
+    result = wide.dispatch(
+        "reverse_wide",
+        {0: halves, 1: outs[0], 2: floats, 3: outs[1], 4: records, 5: outs[2]},
+        grid=(1, 1, 1),
+        threadgroup=(n, 1, 1),
+    )
+    np.testing.assert_array_equal(outs[0], halves[::-1])
+    np.testing.assert_array_equal(outs[1], floats[::-1])
+    for field in RECORD.names:
+        np.testing.assert_array_equal(outs[2][field], records[field][::-1])
+    counters = result.counters
+    for index, array in enumerate([halves, outs[0], floats, outs[1], records, outs[2]]):
+        buffer = counters["buffers"][index]
+        moved = ("bytes_written", "unique_bytes_written") if index % 2 else ("bytes_read",)
+        for key in moved:
+            assert buffer[key] == array.nbytes, (index, key, buffer)
+        assert buffer["bytes_read" if index % 2 else "bytes_written"] == 0
+    total = halves.nbytes + floats.nbytes + records.nbytes  # struct copies include padding
+    assert counters["threadgroup_bytes_written"] == counters["threadgroup_bytes_read"] == total
+
+
+def test_vector_component_writes_are_exact_and_uninitialized_components_caught(
+    wide: Library,
+) -> None:
+    x = RNG.standard_normal(256).astype(np.float32)
+    out = np.full((32, 8), np.nan, np.float32)
+    result = wide.dispatch(
+        "vector_components", {0: x, 1: out}, grid=(1, 1, 1), threadgroup=(32, 1, 1)
+    )
+    np.testing.assert_array_equal(out, x.reshape(32, 8)[::-1])
+    # One write per component, no read of the rest of the vector.
+    assert result.counters["threadgroup_bytes_written"] == 32 * 32
+    assert result.counters["threadgroup_bytes_read"] == 32 * 32
+    path = str(KERNELS / "wide_access.metal")
+    with pytest.raises(KernelError) as error:
+        library("wide_access", MUTANT_MISSING_COMPONENT=1).dispatch(
+            "vector_components", {0: x, 1: out}, grid=(1, 1, 1), threadgroup=(32, 1, 1)
+        )
+    # Thread 0 reads t[31]; its component 7 is bytes 28..31 of the 32-byte vector.
+    assert_reported(
+        error,
+        path,
+        "BUG when component 7",
+        rf"read of uninitialized .* byte offset {31 * 32 + 28}\b",
+    )
+
+
+def test_struct_copy_of_padding_written_field_by_field_is_no_error(wide: Library) -> None:
+    records = np.zeros(32, RECORD)
+    records["weight"] = np.arange(32)
+    records["values"] = RNG.standard_normal((32, 4))
+    out = np.zeros(32, RECORD)
+    result = wide.dispatch(
+        "records_by_field", {0: records, 1: out}, grid=(1, 1, 1), threadgroup=(32, 1, 1)
+    )
+    np.testing.assert_array_equal(out["weight"], records["weight"][::-1])
+    np.testing.assert_array_equal(out["values"], records["values"][::-1])
+    assert result.counters["threadgroup_bytes_written"] == 32 * (4 + 2 + 16)  # no padding
+    assert result.counters["buffers"][1]["unique_bytes_written"] == out.nbytes
+
+
+def test_wide_out_of_bounds_read_is_caught(wide: Library) -> None:
+    x = np.zeros((8, 8), np.float32)
+    out = np.zeros((8, 8), np.float32)
+    with pytest.raises(KernelError) as error:
+        wide.dispatch("wide_out_of_bounds", {0: x, 1: out}, grid=(1, 1, 1), threadgroup=(8, 1, 1))
+    assert_reported(
+        error,
+        str(KERNELS / "wide_access.metal"),
+        "BUG: the last thread reads past",
+        r"out-of-bounds read of 32 bytes at byte offset 256 of buffer\(0\)",
+    )
+
+
+def test_traced_access_widths_in_ir() -> None:
+    """3-, 6- and 12-byte values, 32-byte vectors and aggregates: one hook per run of bytes."""
+    module = "\n".join(
+        [
+            "%struct.R = type { float, half, <4 x float> }",
+            "define void @f(ptr addrspace(1) %p, ptr addrspace(3) %t) {",
+            "  %a = load <3 x float>, ptr addrspace(1) %p, align 4, !dbg !7",
+            "  %b = load i48, ptr addrspace(1) %p, align 2",
+            "  %c = load i24, ptr addrspace(3) %t, align 1",
+            "  store <8 x float> zeroinitializer, ptr addrspace(3) %t, align 32",
+            "  %r = load %struct.R, ptr addrspace(1) %p, align 16",
+            "  %s = load float, ptr %q, align 4",
+            "  call void @llvm.memcpy.p3.p1.i64(ptr addrspace(3) align 4 %t, "
+            "ptr addrspace(1) align 4 %p, i64 12, i1 false)",
+            "  ret void",
+            "}",
+        ]
+    )
+    out = instrument(module)
+    calls = re.findall(r"call void @(__msim_\w+)\(([^)]*)\)", out)
+    sizes = [(hook, args.split(", ")[-1]) for hook, args in calls]
+    assert sizes == [
+        ("__msim_load", "i64 12"),
+        ("__msim_load", "i64 6"),
+        ("__msim_load", "i64 3"),
+        ("__msim_store", "i64 32"),
+        ("__msim_load", "i64 6"),  # float and half; then 2 bytes of padding
+        ("__msim_load", "i64 16"),
+        ("__msim_copy", "i64 12"),
+    ]
+    assert "call void @__msim_load(i64 %msim.1, i64 12), !dbg !7" in out
+    assert "define internal void @f(" in out

@@ -351,9 +351,7 @@ class Function:
             out.append(int(v) if re.fullmatch(r"-?\d+", v) else None)
         return out
 
-    def partial_store(
-        self, store: Access
-    ) -> tuple[str, list[tuple[int, int]]] | None:
+    def partial_store(self, store: Access) -> tuple[str, list[tuple[int, int]]] | None:
         """(load it replaces, written runs) when `store` rewrites some lanes of a loaded vector.
 
         Lanes that hold what an earlier store to the same place put there
@@ -503,7 +501,7 @@ def internalize(line: str) -> str:
     if m.group("linkage") in ("external", "extern_weak", "appending", "private"):
         return line
     rest = line[m.end() :]
-    if not re.match(r"(?:\w+\s+)*?(?:global|constant|alias|ifunc)\b", rest):
+    if not re.match(r"(?:[\w()]+\s+)*?(?:global|constant|alias|ifunc)\b", rest):
         return line
     return COMDAT_USE.sub("", f"{m.group('name')} = internal {rest}")
 
