@@ -12,7 +12,6 @@ struct Avx2Vec {
   using F = __m256;
   using I = __m256i;
   static constexpr int kLanes = 8;
-  static constexpr int kDotRows = 2;  // 16 registers: 2 x 4 accumulators
 
   static F zero() {
     return _mm256_setzero_ps();

@@ -19,7 +19,6 @@ struct Avx512Vec {
   using F = __m512;
   using I = __m512i;
   static constexpr int kLanes = 16;
-  static constexpr int kDotRows = 4;
 
   static F zero() {
     return _mm512_setzero_ps();
@@ -219,93 +218,54 @@ struct Bf16Step {
   }
 };
 
-template <int kBits, int R, int MB>
+template <int kBits, int MB>
 MLX_FPQMM_FLATTEN void dot_bf16_block(
     const QuantizedMatrix& w,
-    const int64_t* rows,
-    const float* const* scales,
+    int64_t row,
+    const float* scales,
     const bf16_bits* xa,
     const __m512i* lane_groups,
     float* out,
     int64_t ldo) {
   using S = Bf16Step<kBits>;
+  const uint8_t* codes = w.row(row);
   int64_t K = w.cols;
   int64_t full = K - K % S::kElements;
-  const uint8_t* codes[R];
-  __m512 acc[R][MB];
+  int shift = Kernels::group_shift(w);
+  __m512 acc[MB];
   MLX_FPQMM_UNROLL
-  for (int r = 0; r < R; ++r) {
-    codes[r] = w.row(rows[r]);
-    MLX_FPQMM_UNROLL
-    for (int m = 0; m < MB; ++m) {
-      acc[r][m] = _mm512_setzero_ps();
-    }
+  for (int m = 0; m < MB; ++m) {
+    acc[m] = _mm512_setzero_ps();
   }
   for (int64_t c = 0; c < full; c += S::kElements) {
+    __builtin_prefetch(codes + c * kBits / 8 + kPrefetchDistance, 0, 2);
+    __m512i d[S::kVecs];
+    S::decode(codes, c, d);
+    __m512 group_scales = _mm512_loadu_ps(scales + (c >> shift));
+    __m512 s[2];
     MLX_FPQMM_UNROLL
-    for (int r = 0; r < R; ++r) {
-      __m512i d[S::kVecs];
-      S::decode(codes[r], c, d);
-      __m512 group_scales = _mm512_loadu_ps(scales[r] + c / w.group_size);
-      __m512 s[2];
-      MLX_FPQMM_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        s[h] = _mm512_permutexvar_ps(lane_groups[h], group_scales);
-      }
-      MLX_FPQMM_UNROLL
-      for (int m = 0; m < MB; ++m) {
-        const bf16_bits* x = xa + m * K + c;
-        __m512 p[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-        MLX_FPQMM_UNROLL
-        for (int v = 0; v < S::kVecs; ++v) {
-          p[v % 2] = dot_bf16(p[v % 2], d[v], _mm512_loadu_si512(x + 32 * v));
-        }
-        acc[r][m] = _mm512_fmadd_ps(p[0], s[0], acc[r][m]);
-        acc[r][m] = _mm512_fmadd_ps(p[1], s[1], acc[r][m]);
-      }
+    for (int h = 0; h < 2; ++h) {
+      s[h] = _mm512_permutexvar_ps(lane_groups[h], group_scales);
     }
-  }
-  for (int r = 0; r < R; ++r) {
+    MLX_FPQMM_UNROLL
     for (int m = 0; m < MB; ++m) {
-      float total = _mm512_reduce_add_ps(acc[r][m]);
-      for (int64_t c = full; c < K; ++c) {
-        total += bf16_to_float(xa[m * K + c]) * code_value(w, rows[r], c) *
-                 scales[r][c / w.group_size];
+      const bf16_bits* x = xa + m * K + c;
+      __m512 p[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+      MLX_FPQMM_UNROLL
+      for (int v = 0; v < S::kVecs; ++v) {
+        p[v % 2] = dot_bf16(p[v % 2], d[v], _mm512_loadu_si512(x + 32 * v));
       }
-      out[m * ldo + r] = total;
+      acc[m] = _mm512_fmadd_ps(p[0], s[0], acc[m]);
+      acc[m] = _mm512_fmadd_ps(p[1], s[1], acc[m]);
     }
   }
-}
-
-template <int kBits, int R>
-void dot_bf16_rows(
-    const QuantizedMatrix& w,
-    const int64_t* rows,
-    const float* const* scales,
-    const bf16_bits* xa,
-    const __m512i* lane_groups,
-    int64_t M,
-    float* out,
-    int64_t ldo) {
-  constexpr int kMaxRows = 4;
-  int64_t m = 0;
-  auto block = [&]<int MB>() {
-    dot_bf16_block<kBits, R, MB>(
-        w, rows, scales, xa + m * w.cols, lane_groups, out + m * ldo, ldo);
-  };
-  for (; m + kMaxRows <= M; m += kMaxRows) {
-    block.template operator()<kMaxRows>();
-  }
-  switch (M - m) {
-    case 3:
-      block.template operator()<3>();
-      break;
-    case 2:
-      block.template operator()<2>();
-      break;
-    case 1:
-      block.template operator()<1>();
-      break;
+  for (int m = 0; m < MB; ++m) {
+    float total = _mm512_reduce_add_ps(acc[m]);
+    for (int64_t c = full; c < K; ++c) {
+      total += bf16_to_float(xa[m * K + c]) * code_value(w, row, c) *
+               scales[c >> shift];
+    }
+    out[m * ldo] = total;
   }
 }
 
@@ -319,7 +279,6 @@ void dot_bf16_impl(
     float* out,
     int64_t ldo) {
   using S = Bf16Step<kBits>;
-  constexpr int R = 4;
   int64_t K = w.cols;
   bf16_bits* xa = scratch<bf16_bits>(0, M * K);
   for (int64_t m = 0; m < M; ++m) {
@@ -327,26 +286,13 @@ void dot_bf16_impl(
   }
   __m512i lane_groups[2] = {
       S::lane_groups(0, w.group_size), S::lane_groups(1, w.group_size)};
-  int64_t stride = w.groups() + kScalePadding;
-  float* scale_rows = scratch<float>(1, R * stride);
-  int64_t rows[R];
-  const float* scales[R];
-  for (int64_t n = n0; n < n1; n += R) {
-    int count = static_cast<int>(std::min<int64_t>(R, n1 - n));
-    for (int r = 0; r < count; ++r) {
-      rows[r] = n + r;
-      scales[r] = scale_rows + r * stride;
-      Kernels::decode_scales(w, n + r, scale_rows + r * stride, 0, w.groups());
-    }
-    float* o = out + (n - n0);
-    if (count == R) {
-      dot_bf16_rows<kBits, R>(w, rows, scales, xa, lane_groups, M, o, ldo);
-    } else {
-      for (int r = 0; r < count; ++r) {
-        dot_bf16_rows<kBits, 1>(
-            w, rows + r, scales + r, xa, lane_groups, M, o + r, ldo);
-      }
-    }
+  float* scales = scratch<float>(1, w.groups() + kScalePadding);
+  for (int64_t n = n0; n < n1; ++n) {
+    Kernels::decode_scales(w, n, scales, 0, w.groups());
+    Kernels::for_row_blocks(M, [&]<int MB>(int64_t m) {
+      dot_bf16_block<kBits, MB>(
+          w, n, scales, xa + m * K, lane_groups, out + m * ldo + n - n0, ldo);
+    });
   }
 }
 

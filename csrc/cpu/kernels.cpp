@@ -40,7 +40,6 @@ struct ScalarVec {
   using F = float;
   using I = uint32_t;
   static constexpr int kLanes = 1;
-  static constexpr int kDotRows = 4;
 
   static F zero() {
     return 0.0f;

@@ -26,7 +26,6 @@ struct NeonVec {
   using F = float32x4_t;
   using I = uint32x4_t;
   static constexpr int kLanes = 4;
-  static constexpr int kDotRows = 4;
 
   static F zero() {
     return vdupq_n_f32(0.0f);
