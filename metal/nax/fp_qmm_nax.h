@@ -175,7 +175,7 @@ template <typename T, int bits, int BM>
           *(threadgroup vec<T, 4>*)(destination + i) =
               row < M ? *(const device vec<T, 4>*)(op.x + int64_t(row) * K +
                                                    k0 + x_k + i)
-                      : vec<T, 4>(0);
+                      : vec<T, 4>(T(0));
         }
       }
     }
@@ -213,19 +213,25 @@ template <typename T, int bits, int BM>
               w_stride,
               origin);
         }
-        for (int i = 0; i < active_m; ++i) {
-          T a[8];
-          load_fragment(
-              a, x_tile + (sg_row + 16 * i) * x_stride + kk, x_stride, origin);
-          nax_multiply_accumulate(acc[i], a, b);
+        for (int i = 0; i < fragments_m; ++i) {
+          if (i < active_m) {
+            T a[8];
+            load_fragment(
+                a,
+                x_tile + (sg_row + 16 * i) * x_stride + kk,
+                x_stride,
+                origin);
+            nax_multiply_accumulate(acc[i], a, b);
+          }
         }
       }
     }
   }
 
   // Destination element 8 f + 4 r + j: row 8 r, column 16 f + j from origin.
+  // Fragments that were never computed lie wholly past M or N.
   const bool vector_store = N % 4 == 0;
-  for (int i = 0; i < active_m && active; ++i) {
+  for (int i = 0; i < fragments_m; ++i) {
     for (int f = 0; f < 2; ++f) {
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + sg_row + 16 * i + origin.y + 8 * r;
