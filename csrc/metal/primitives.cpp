@@ -1,6 +1,6 @@
 // FpQuantizedMatmul on Apple GPUs: carries out the plan of csrc/metal/plan.h
 // (kernel, grid, threadgroup memory, function constants, buffers) with the
-// project's own metallib, installed beside this module.
+// project's own metallibs, installed beside this module.
 #include <stdexcept>
 
 #include "primitives.h"
@@ -38,7 +38,6 @@ void FpQuantizedMatmul::eval_gpu(
   }
   for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
     if (!metal::readable_in_place(inputs, i)) {
-      // libmlx does not export its GPU copy to extensions.
       // The ops copy them on GPU streams (libmlx's GPU copy is not exported
       // to eval_gpu), so this is a bug.
       throw std::logic_error(
