@@ -628,3 +628,18 @@ def test_traced_access_widths_in_ir() -> None:
     ]
     assert "call void @__msim_load(i64 %msim.1, i64 12), !dbg !7" in out
     assert "define internal void @f(" in out
+
+
+def test_direct_half_bfloat_conversions(primitives: Library) -> None:
+    h = np.array([1 / 3, 6e-8, -65504, 1.5], np.float16)
+    b = np.array([1 / 3, 1e-30, 1e4, -2.5], ml_dtypes.bfloat16)
+    to_bfloat = np.zeros(8, ml_dtypes.bfloat16)
+    to_half = np.zeros(8, np.float16)
+    primitives.dispatch(
+        "half_bfloat_conversions",
+        {0: h, 1: b, 2: to_bfloat, 3: to_half},
+        grid=(1, 1, 1),
+        threadgroup=(4, 1, 1),
+    )
+    np.testing.assert_array_equal(to_bfloat, np.repeat(h.astype(ml_dtypes.bfloat16), 2))
+    np.testing.assert_array_equal(to_half, np.repeat(b.astype(np.float32).astype(np.float16), 2))

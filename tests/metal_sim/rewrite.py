@@ -9,7 +9,8 @@ Rewrites:
 * float literals: unsuffixed -> float (`1.5` -> `1.5f`), `1.5h` -> half,
   `1.5bf` -> bfloat;
 * vector constructors `float4(a, b)`, `vec<T, 4>(x)` -> `make_vec<...>(...)`
-  (clang's own vector casts would reinterpret bits);
+  (clang's own vector casts would reinterpret bits); `half(x)`, `bfloat(x)`,
+  `static_cast<half/bfloat>(x)` -> `convert_element` (half <-> bfloat);
 * `threadgroup T name[N];` inside functions -> a reference to one array per
   threadgroup;
 * `[[function_constant(i)]]` globals -> initialised from the dispatch (the
@@ -48,6 +49,12 @@ PP_NUMBER = re.compile(r"(?<![\w.])\.?\d(?:[eEpP][+-]|[\w.])*")
 DECIMAL_FLOAT = re.compile(r"((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)([a-zA-Z]*)")
 SCALARS = "bool|char|uchar|short|ushort|int|uint|long|ulong|half|bfloat|float"
 VECTOR_CONSTRUCTOR = re.compile(rf"(?<![\w:.])(?:metal::)?((?:packed_)?(?:{SCALARS})[234])\s*\(")
+# half <-> bfloat: clang refuses the direct conversion; Metal's `bfloat(h)`
+# and `static_cast<half>(b)` go through convert_element (via float, exact).
+SCALAR_CAST = re.compile(
+    r"(?<![\w:.])(?:(?:metal::)?(half|bfloat)|static_cast\s*<\s*(?:metal::)?(half|bfloat)\s*>)"
+    r"\s*\((?!\s*[&*])"
+)
 VEC_TEMPLATE = re.compile(r"(?<![\w:.])(?:metal::)?vec\s*<")
 THREADGROUP_DECLARATION = re.compile(
     r"(?<=[;{}])(?P<before>\s*)threadgroup\s+(?P<type>[^;{}()=\[\]]*?[^;{}()=\[\]*&\s])\s+"
@@ -139,6 +146,9 @@ def rewrite_float_literal(match: re.Match[str]) -> str:
 
 
 def rewrite_vector_constructors(code: str) -> str:
+    code = SCALAR_CAST.sub(
+        lambda m: f"::metal::convert_element<::{m.group(1) or m.group(2)}>(", code
+    )
     code = VECTOR_CONSTRUCTOR.sub(lambda m: f"::metal::make_vec<::{m.group(1)}>(", code)
     out, last = [], 0
     for m in VEC_TEMPLATE.finditer(code):

@@ -92,3 +92,16 @@ constant float signed_scale = negate ? -scale : scale;
     uint i [[thread_position_in_grid]]) {
   out[i] = in[i] * factor;
 }
+
+// Direct half <-> bfloat conversions, as Metal allows them.
+[[kernel]] void half_bfloat_conversions(
+    const device half* h [[buffer(0)]],
+    const device bfloat* b [[buffer(1)]],
+    device bfloat* to_bfloat [[buffer(2)]],
+    device half* to_half [[buffer(3)]],
+    uint i [[thread_position_in_grid]]) {
+  to_bfloat[2 * i] = bfloat(h[i]);
+  to_bfloat[2 * i + 1] = static_cast<bfloat>(h[i]);
+  to_half[2 * i] = half(b[i]);
+  to_half[2 * i + 1] = static_cast<metal::half>(b[i]);
+}
