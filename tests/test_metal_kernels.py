@@ -184,7 +184,7 @@ def check_nax(x, w_q, scales, mode, *, group_size=None, global_scale=None, **kwa
     scales and nvfp4's global scale (there the reference rounds W the same way)."""
     kwargs.setdefault("device", NAX_DEVICE)
     kwargs.setdefault("kernel", "nax")
-    kwargs.pop("transpose", None)
+    assert kwargs.pop("transpose", True), "the NAX kernels compute x @ W.T"
     run = run_metal(
         x, w_q, scales, mode=mode, group_size=group_size, global_scale=global_scale, **kwargs
     )

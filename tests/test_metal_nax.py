@@ -4,10 +4,20 @@ simulator, planned for a generation-17 GPU on macOS 26.2 exactly as eval_gpu pla
 import math
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from test_metal_kernels import MODES, TYPES, check, check_nax, quantized, traffic
 
 import mlx_fpqmm
+from mlx_fpqmm.testing import metal_qmm
+
+
+def test_metal_qmm_runs_the_nax_path():
+    w_q, scales = quantized((64, 128), "mxfp8")
+    x = np.random.default_rng(0).standard_normal((24, 128), dtype=np.float32)
+    y = metal_qmm(x, w_q, scales, mode="mxfp8", device="applegpu_g17s", kernel="nax")
+    expected = x @ np.array(mx.dequantize(w_q, scales, mode="mxfp8", dtype=mx.float32)).T
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("mode", MODES)
