@@ -28,3 +28,16 @@ def test_batch_strides_beyond_2_to_the_31_are_64_bit():
         assert strides == {N * K // 8, N * K // 32, K}
         assert (batch - 1) * (N * K // 8) > 2**31
         assert plan["grid"][2] == batch
+
+
+def test_kernel_path_rejects_unknown_devices_and_versions():
+    import pytest
+
+    w, scales = mlx_fpqmm.quantize(mx.zeros((16, 64)), mode="mxfp4")
+    x = mx.zeros((2, 64))
+    with pytest.raises(ValueError, match="device='nonsense' is not an Apple GPU architecture"):
+        mlx_fpqmm.kernel_path(x, w, scales, device="nonsense")
+    with pytest.raises(ValueError, match="macOS version 'abc'"):
+        mlx_fpqmm.kernel_path(x, w, scales, device="applegpu_g16s", macos="abc")
+    with pytest.raises(ValueError, match="kernel='fast'"):
+        mlx_fpqmm.kernel_path(x, w, scales, device="applegpu_g16s", kernel="fast")

@@ -35,6 +35,12 @@ GpuDevice device_description(
   GpuDevice device;
   if (architecture) {
     device.architecture = *architecture;
+    if (device.generation() == 0) {
+      throw std::invalid_argument(
+          "device='" + *architecture +
+          "' is not an Apple GPU architecture name; expected "
+          "'applegpu_g<generation><size class>', e.g. 'applegpu_g16s'.");
+    }
   } else if (mx::gpu::is_available()) {
     device.architecture =
         std::get<std::string>(mx::gpu::device_info().at("architecture"));
