@@ -188,17 +188,25 @@ struct Bf16Step {
   }
 
   // Element offset (within the step) of x word i of vector v.
-  static int element(int v, int i) {
+  static constexpr int element(int v, int i) {
     return kBits == 4 ? e2m1_step_element(v, i) : 32 * v + i;
   }
+
+  static constexpr auto kOrder = [] {
+    std::array<int16_t, kElements> order{};
+    for (int v = 0; v < kVecs; ++v) {
+      for (int i = 0; i < 32; ++i) {
+        order[32 * v + i] = static_cast<int16_t>(element(v, i));
+      }
+    }
+    return order;
+  }();
 
   static void arrange(const bf16_bits* x, int64_t K, bf16_bits* dst) {
     int64_t k = 0;
     for (; k + kElements <= K; k += kElements) {
-      for (int v = 0; v < kVecs; ++v) {
-        for (int i = 0; i < 32; ++i) {
-          dst[k + 32 * v + i] = x[k + element(v, i)];
-        }
+      for (int i = 0; i < kElements; ++i) {
+        dst[k + i] = x[k + kOrder[i]];
       }
     }
     for (; k < K; ++k) {
@@ -218,54 +226,63 @@ struct Bf16Step {
   }
 };
 
-template <int kBits, int MB>
+template <int kBits, int R, int MB>
 MLX_FPQMM_FLATTEN void dot_bf16_block(
     const QuantizedMatrix& w,
     int64_t row,
     const float* scales,
+    int64_t stride,
     const bf16_bits* xa,
     const __m512i* lane_groups,
     float* out,
     int64_t ldo) {
   using S = Bf16Step<kBits>;
-  const uint8_t* codes = w.row(row);
   int64_t K = w.cols;
   int64_t full = K - K % S::kElements;
   int shift = Kernels::group_shift(w);
-  __m512 acc[MB];
+  __m512 acc[R][MB];
   MLX_FPQMM_UNROLL
-  for (int m = 0; m < MB; ++m) {
-    acc[m] = _mm512_setzero_ps();
-  }
-  for (int64_t c = 0; c < full; c += S::kElements) {
-    __builtin_prefetch(codes + c * kBits / 8 + kPrefetchDistance, 0, 2);
-    __m512i d[S::kVecs];
-    S::decode(codes, c, d);
-    __m512 group_scales = _mm512_loadu_ps(scales + (c >> shift));
-    __m512 s[2];
-    MLX_FPQMM_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      s[h] = _mm512_permutexvar_ps(lane_groups[h], group_scales);
-    }
+  for (int r = 0; r < R; ++r) {
     MLX_FPQMM_UNROLL
     for (int m = 0; m < MB; ++m) {
-      const bf16_bits* x = xa + m * K + c;
-      __m512 p[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-      MLX_FPQMM_UNROLL
-      for (int v = 0; v < S::kVecs; ++v) {
-        p[v % 2] = dot_bf16(p[v % 2], d[v], _mm512_loadu_si512(x + 32 * v));
-      }
-      acc[m] = _mm512_fmadd_ps(p[0], s[0], acc[m]);
-      acc[m] = _mm512_fmadd_ps(p[1], s[1], acc[m]);
+      acc[r][m] = _mm512_setzero_ps();
     }
   }
-  for (int m = 0; m < MB; ++m) {
-    float total = _mm512_reduce_add_ps(acc[m]);
-    for (int64_t c = full; c < K; ++c) {
-      total += bf16_to_float(xa[m * K + c]) * code_value(w, row, c) *
-               scales[c >> shift];
+  for (int64_t c = 0; c < full; c += S::kElements) {
+    MLX_FPQMM_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* codes = w.row(row + r);
+      __builtin_prefetch(codes + c * kBits / 8 + kPrefetchDistance, 0, 2);
+      __m512i d[S::kVecs];
+      S::decode(codes, c, d);
+      __m512 group_scales = _mm512_loadu_ps(scales + r * stride + (c >> shift));
+      __m512 s[2];
+      MLX_FPQMM_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        s[h] = _mm512_permutexvar_ps(lane_groups[h], group_scales);
+      }
+      MLX_FPQMM_UNROLL
+      for (int m = 0; m < MB; ++m) {
+        const bf16_bits* x = xa + m * K + c;
+        __m512 p[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        MLX_FPQMM_UNROLL
+        for (int v = 0; v < S::kVecs; ++v) {
+          p[v % 2] = dot_bf16(p[v % 2], d[v], _mm512_loadu_si512(x + 32 * v));
+        }
+        acc[r][m] = _mm512_fmadd_ps(p[0], s[0], acc[r][m]);
+        acc[r][m] = _mm512_fmadd_ps(p[1], s[1], acc[r][m]);
+      }
     }
-    out[m * ldo] = total;
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int m = 0; m < MB; ++m) {
+      float total = _mm512_reduce_add_ps(acc[r][m]);
+      for (int64_t c = full; c < K; ++c) {
+        total += bf16_to_float(xa[m * K + c]) * code_value(w, row + r, c) *
+                 scales[r * stride + (c >> shift)];
+      }
+      out[m * ldo + r] = total;
+    }
   }
 }
 
@@ -286,14 +303,24 @@ void dot_bf16_impl(
   }
   __m512i lane_groups[2] = {
       S::lane_groups(0, w.group_size), S::lane_groups(1, w.group_size)};
-  float* scales = scratch<float>(1, w.groups() + kScalePadding);
-  for (int64_t n = n0; n < n1; ++n) {
-    Kernels::decode_scales(w, n, scales, 0, w.groups());
+  int64_t stride = w.groups() + kScalePadding;
+  float* scales = scratch<float>(1, Kernels::kRowBlock * stride);
+  Kernels::for_w_rows(M, n0, n1, [&]<int R>(int64_t n) {
+    for (int r = 0; r < R; ++r) {
+      Kernels::decode_scales(w, n + r, scales + r * stride, 0, w.groups());
+    }
     Kernels::for_row_blocks(M, [&]<int MB>(int64_t m) {
-      dot_bf16_block<kBits, MB>(
-          w, n, scales, xa + m * K, lane_groups, out + m * ldo + n - n0, ldo);
+      dot_bf16_block<kBits, R, MB>(
+          w,
+          n,
+          scales,
+          stride,
+          xa + m * K,
+          lane_groups,
+          out + m * ldo + n - n0,
+          ldo);
     });
-  }
+  });
 }
 
 void dot_bf16_entry(

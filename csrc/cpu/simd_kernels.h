@@ -82,6 +82,22 @@ struct SimdKernels {
     return std::countr_zero(static_cast<unsigned>(w.group_size));
   }
 
+  // Calls body.template operator()<R>(n) over blocks of R rows of W in
+  // [n0, n1): one at a time for a single x row, else kRowBlock at a time.
+  static constexpr int kRowBlock = 4;
+  template <typename Body>
+  static void for_w_rows(int64_t M, int64_t n0, int64_t n1, Body&& body) {
+    int64_t n = n0;
+    if (M > 1) {
+      for (; n + kRowBlock <= n1; n += kRowBlock) {
+        body.template operator()<kRowBlock>(n);
+      }
+    }
+    for (; n < n1; ++n) {
+      body.template operator()<1>(n);
+    }
+  }
+
   // Calls body.template operator()<MB>(m) over blocks of up to 4 rows of x.
   template <typename Body>
   static void for_row_blocks(int64_t M, Body&& body) {
@@ -162,19 +178,21 @@ struct SimdKernels {
     }
   }
 
-  // One row of W (its codes and decoded scales) against MB rows of arranged
-  // x, all of K. Rows are walked one at a time: one sequential stream per
-  // thread, which the prefetchers follow best.
-  template <int kBits, int MB>
+  // R consecutive rows of W (codes and decoded scales, `stride` floats per
+  // row) against MB rows of arranged x, all of K. One row at a time for
+  // matrix-vector products keeps a single sequential stream per thread,
+  // which the prefetchers follow best; with more x rows, several W rows
+  // share each load of x (x may live in L2 then).
+  template <int kBits, int R, int MB>
   MLX_FPQMM_FLATTEN static void dot_block(
       const QuantizedMatrix& w,
       int64_t row,
       const float* scales,
+      int64_t stride,
       const float* xa,
       float* out,
       int64_t ldo) {
     constexpr int P = kPerWord<kBits>;
-    const uint8_t* codes = w.row(row);
     int64_t K = w.cols;
     int64_t full = K - K % kDotStep<kBits>;
     int shift = group_shift(w);
@@ -184,44 +202,53 @@ struct SimdKernels {
       lane_groups[j] = (j * P) >> shift;
     }
     auto groups = V::load_index(lane_groups);
-    F acc[MB];
+    F acc[R][MB];
     MLX_FPQMM_UNROLL
-    for (int m = 0; m < MB; ++m) {
-      acc[m] = V::zero();
+    for (int r = 0; r < R; ++r) {
+      MLX_FPQMM_UNROLL
+      for (int m = 0; m < MB; ++m) {
+        acc[r][m] = V::zero();
+      }
     }
     for (int64_t c = 0; c < full; c += kDotStep<kBits>) {
-      const uint8_t* step = codes + c * kBits / 8;
-      __builtin_prefetch(step + kPrefetchDistance, 0, 2);
-      auto words = V::load_words(step);
-      F s = V::permute(V::load(scales + (c >> shift)), groups);
-      // Two partial sums per x row halve the dependent-FMA chains.
-      F p[MB][2];
       MLX_FPQMM_UNROLL
-      for (int m = 0; m < MB; ++m) {
-        p[m][0] = V::zero();
-        p[m][1] = V::zero();
-      }
-      MLX_FPQMM_UNROLL
-      for (int i = 0; i < P; ++i) {
-        F d = decode_lane_codes<kBits>(words, i);
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* step = w.row(row + r) + c * kBits / 8;
+        __builtin_prefetch(step + kPrefetchDistance, 0, 2);
+        auto words = V::load_words(step);
+        F s = V::permute(V::load(scales + r * stride + (c >> shift)), groups);
+        // Two partial sums per x row halve the dependent-FMA chains.
+        F p[MB][2];
         MLX_FPQMM_UNROLL
         for (int m = 0; m < MB; ++m) {
-          p[m][i % 2] =
-              V::fma(d, V::load(xa + m * K + c + i * kLanes), p[m][i % 2]);
+          p[m][0] = V::zero();
+          p[m][1] = V::zero();
+        }
+        MLX_FPQMM_UNROLL
+        for (int i = 0; i < P; ++i) {
+          F d = decode_lane_codes<kBits>(words, i);
+          MLX_FPQMM_UNROLL
+          for (int m = 0; m < MB; ++m) {
+            p[m][i % 2] =
+                V::fma(d, V::load(xa + m * K + c + i * kLanes), p[m][i % 2]);
+          }
+        }
+        MLX_FPQMM_UNROLL
+        for (int m = 0; m < MB; ++m) {
+          acc[r][m] = V::fma(p[m][0], s, acc[r][m]);
+          acc[r][m] = V::fma(p[m][1], s, acc[r][m]);
         }
       }
-      MLX_FPQMM_UNROLL
-      for (int m = 0; m < MB; ++m) {
-        acc[m] = V::fma(p[m][0], s, acc[m]);
-        acc[m] = V::fma(p[m][1], s, acc[m]);
-      }
     }
-    for (int m = 0; m < MB; ++m) {
-      float total = V::sum(acc[m]);
-      for (int64_t c = full; c < K; ++c) {
-        total += xa[m * K + c] * code_value(w, row, c) * scales[c >> shift];
+    for (int r = 0; r < R; ++r) {
+      for (int m = 0; m < MB; ++m) {
+        float total = V::sum(acc[r][m]);
+        for (int64_t c = full; c < K; ++c) {
+          total += xa[m * K + c] * code_value(w, row + r, c) *
+                   scales[r * stride + (c >> shift)];
+        }
+        out[m * ldo + r] = total;
       }
-      out[m * ldo] = total;
     }
   }
 
@@ -239,14 +266,17 @@ struct SimdKernels {
     for (int64_t m = 0; m < M; ++m) {
       arrange<kBits>(x + m * K, K, xa + m * K);
     }
-    float* scales = scratch<float>(1, w.groups() + kScalePadding);
-    for (int64_t n = n0; n < n1; ++n) {
-      decode_scales(w, n, scales, 0, w.groups());
+    int64_t stride = w.groups() + kScalePadding;
+    float* scales = scratch<float>(1, kRowBlock * stride);
+    for_w_rows(M, n0, n1, [&]<int R>(int64_t n) {
+      for (int r = 0; r < R; ++r) {
+        decode_scales(w, n + r, scales + r * stride, 0, w.groups());
+      }
       for_row_blocks(M, [&]<int MB>(int64_t m) {
-        dot_block<kBits, MB>(
-            w, n, scales, xa + m * K, out + m * ldo + n - n0, ldo);
+        dot_block<kBits, R, MB>(
+            w, n, scales, stride, xa + m * K, out + m * ldo + n - n0, ldo);
       });
-    }
+    });
   }
 
   static void dot(
