@@ -83,6 +83,7 @@ NB_MODULE(_ext, m) {
             global_scale (array, optional): ``nvfp4`` only: the float32 tensor
               scale used at quantization; the result is multiplied by
               ``global_scale / 2688`` as ``mx.dequantize`` does.
+            stream (Stream, optional): Stream or device to run on.
 
         Returns:
             array: ``x.shape[:-1] + (N,)``.
@@ -120,6 +121,7 @@ NB_MODULE(_ext, m) {
             group_size (int, optional): Elements per scale. Default: 32.
             mode (str, optional): ``"mxfp8"`` or ``"fp8"``. Default:
               ``"mxfp8"``.
+            stream (Stream, optional): Stream or device to run on.
 
         Returns:
             array: ``x.shape[:-1] + (N,)``.
@@ -148,7 +150,10 @@ NB_MODULE(_ext, m) {
         Drop-in replacement for ``mx.quantized_matmul``.
 
         The fp modes (``mxfp4``, ``nvfp4``, ``mxfp8``, ``fp4``, ``fp8``) run
-        on mlx_fpqmm's kernels; ``affine`` is passed to MLX unchanged.
+        on mlx_fpqmm's kernels; ``affine`` is passed to MLX unchanged. One
+        difference from MLX: a 2-D ``x`` against a batch of weight matrices
+        is multiplied with every matrix (matmul broadcasting), where
+        ``mx.quantized_matmul`` uses the first matrix only.
       )pbdoc");
 
   m.def(
@@ -170,7 +175,18 @@ NB_MODULE(_ext, m) {
         For ``mxfp4``, ``nvfp4`` and ``mxfp8`` this is ``mx.quantize``. For
         ``fp4`` and ``fp8`` each group's scale is ``max|w| / 6`` (fp4) or
         ``max|w| / 448`` (fp8) in ``w``'s dtype and ``w / scale`` is rounded
-        to the nearest code, ties to even.
+        to the nearest code, ties to even; a group holding a non-finite value
+        dequantizes to NaN.
+
+        Args:
+            w (array): The float matrix to quantize along its last axis.
+            group_size (int, optional): Elements per scale. Default: the
+              mode's.
+            mode (str): ``"mxfp4"``, ``"nvfp4"``, ``"mxfp8"``, ``"fp4"`` or
+              ``"fp8"``.
+            global_scale (array, optional): ``nvfp4`` only: a float32 tensor
+              scale, conventionally ``max|w|``; pass the same value to
+              :func:`dequantize` and :func:`fp4_qmm`.
 
         Returns:
             list(array): ``[w_q, scales]``.

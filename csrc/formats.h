@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "fp_params.h"
+
 namespace mlx_fpqmm {
 
 enum class Mode { mxfp4, nvfp4, mxfp8, fp4, fp8 };
@@ -74,9 +76,8 @@ inline constexpr std::array<Format, 5> kFormats = {{
      ScaleKind::floating},
 }};
 
-// nvfp4's global scale g multiplies every decoded value by g / 2688
-// (2688 = 448 * 6, the E4M3 max times the E2M1 max), as mx.dequantize does.
-inline constexpr float kNvfp4GlobalScaleDivisor = 2688.0f;
+// Shared with the Metal kernels (metal/fp_params.h).
+using fpqmm::kNvfp4GlobalScaleDivisor;
 
 const Format& format_for(Mode mode);
 std::optional<Mode> mode_from_name(std::string_view name);

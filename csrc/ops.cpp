@@ -1,5 +1,6 @@
 #include "ops.h"
 
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -111,7 +112,17 @@ int check_packed_weights(
             shape_string(w.shape()) + ".");
   }
   check_scales_dtype(op, format, scales);
-  int quantized_length = w.shape(-1) * format.elements_per_word();
+  int64_t packed_length =
+      static_cast<int64_t>(w.shape(-1)) * format.elements_per_word();
+  if (packed_length > std::numeric_limits<int>::max()) {
+    fail(
+        op,
+        "The quantized axis of w would hold " + std::to_string(packed_length) +
+            " elements; at most " +
+            std::to_string(std::numeric_limits<int>::max()) +
+            " are supported.");
+  }
+  int quantized_length = static_cast<int>(packed_length);
   if (quantized_length % group_size != 0) {
     fail(
         op,
@@ -417,7 +428,13 @@ std::vector<mx::array> quantize_float_scales(
         -1,
         s);
   } else {
-    bytes = mx::to_fp8(scaled, s);
+    // A non-finite value (its group's scale is then inf or NaN too) becomes
+    // the E4M3 NaN code; to_fp8 would saturate it to +-448.
+    bytes = mx::where(
+        mx::isfinite(scaled, s),
+        mx::to_fp8(scaled, s),
+        mx::array(0x7F, mx::uint8),
+        s);
   }
   auto packed = mx::view(mx::contiguous(bytes, false, s), mx::uint32, s);
   return {packed, mx::squeeze(scales, -1, s)};

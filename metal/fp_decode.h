@@ -57,7 +57,7 @@ inline int scale_itemsize(int encoding) {
 // One group's scale as float. `scales` points at a matrix's scales,
 // `index` counts scales (not bytes).
 inline float decode_scale(
-    const device uint8_t* scales, int index, int encoding) {
+    const device uint8_t* scales, int64_t index, int encoding) {
   switch (encoding) {
     case kScaleE8M0:
       return decode_e8m0(scales[index]);
@@ -72,13 +72,11 @@ inline float decode_scale(
   }
 }
 
-// nvfp4's global scale g multiplies every value by g / 2688 (448 * 6, the
-// E4M3 times the E2M1 maximum), as mx.dequantize does. It is folded into the
-// group scales in float: it is ~1e-5, too small to survive a trip through
-// half next to a group scale.
+// The nvfp4 global-scale factor, folded into the group scales in float: it is
+// ~1e-5, too small to survive a trip through half next to a group scale.
 inline float global_scale_factor(
     const device float* global_scale, bool has_global_scale) {
-  return has_global_scale ? global_scale[0] / 2688.0f : 1.0f;
+  return has_global_scale ? global_scale[0] / kNvfp4GlobalScaleDivisor : 1.0f;
 }
 
 // The group scales of one matrix with the global scale folded in.
@@ -87,7 +85,7 @@ struct GroupScales {
   int encoding;
   float factor;
 
-  float operator[](int index) const {
+  float operator[](int64_t index) const {
     return decode_scale(scales, index, encoding) * factor;
   }
 };

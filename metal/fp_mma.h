@@ -95,7 +95,8 @@ template <typename T, int bits, int BM, bool transpose>
     if (!transpose || k0 % group_size < BK) {
       float leader_scale = 0.0f;
       if (w_valid && lane == scale_leader) {
-        leader_scale = op.scales[w_row * groups_per_row + code0 / group_size];
+        leader_scale =
+            op.scales[int64_t(w_row) * groups_per_row + code0 / group_size];
       }
       scale = simd_shuffle(leader_scale, scale_leader);
     }

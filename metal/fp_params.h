@@ -31,6 +31,10 @@ namespace fpqmm {
 #define FPQMM_CONSTANT_SCALE_ENCODING 101
 #define FPQMM_CONSTANT_HAS_GLOBAL_SCALE 102
 
+// nvfp4's global scale g multiplies every decoded value by g / 2688
+// (448 * 6, the E4M3 times the E2M1 maximum), as mx.dequantize does.
+FPQMM_CONST float kNvfp4GlobalScaleDivisor = 2688.0f;
+
 // Values of the scale-encoding function constant.
 FPQMM_CONST int kScaleE8M0 = 0;
 FPQMM_CONST int kScaleE4M3 = 1;

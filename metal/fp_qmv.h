@@ -49,7 +49,7 @@ template <typename T, int bits, int rows, int outputs>
       const bool valid = lane_in_k && n < N;
       float scale = 0.0f;
       if (valid && lane == group_leader) {
-        scale = op.scales[n * groups_per_row + k / group_size];
+        scale = op.scales[int64_t(n) * groups_per_row + k / group_size];
       }
       scale = simd_shuffle(scale, group_leader);
       uint32_t packed[words_per_lane] = {};
@@ -137,7 +137,7 @@ template <typename T, int bits>
       const int k = k_block + j;
       float scale = 0.0f;
       if (column_valid && lane == group_leader) {
-        scale = op.scales[k * groups_per_row + column / group_size];
+        scale = op.scales[int64_t(k) * groups_per_row + column / group_size];
       }
       scale = simd_shuffle(scale, group_leader);
       uint32_t packed[words_per_lane] = {};

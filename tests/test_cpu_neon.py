@@ -40,7 +40,18 @@ def harness(tmp_path_factory) -> Path:
             pytest.fail(message)
         pytest.skip(message)
     binary = tmp_path_factory.mktemp("neon") / "kernel_harness"
-    command = [COMPILER, "-std=c++20", "-O2", "-static", "-I", "csrc", "-o", str(binary)]
+    command = [
+        COMPILER,
+        "-std=c++20",
+        "-O2",
+        "-static",
+        "-I",
+        "csrc",
+        "-I",
+        "metal",
+        "-o",
+        str(binary),
+    ]
     subprocess.run(command + SOURCES, cwd=ROOT, check=True)
     return binary
 

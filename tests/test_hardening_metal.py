@@ -41,3 +41,11 @@ def test_kernel_path_rejects_unknown_devices_and_versions():
         mlx_fpqmm.kernel_path(x, w, scales, device="applegpu_g16s", macos="abc")
     with pytest.raises(ValueError, match="kernel='fast'"):
         mlx_fpqmm.kernel_path(x, w, scales, device="applegpu_g16s", kernel="fast")
+
+
+def test_plan_of_an_empty_reduction():
+    """K = 0 (x is (M, 0)): the plan must not divide by K."""
+    w = mx.zeros((8, 0), dtype=mx.uint32)
+    scales = mx.zeros((8, 0), dtype=mx.uint8)
+    plan = mlx_fpqmm.kernel_path(mx.ones((4, 0)), w, scales, device="applegpu_g16s")
+    assert plan["output_shape"] == (4, 8)

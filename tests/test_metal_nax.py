@@ -6,7 +6,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_metal_kernels import MODES, TYPES, check, check_nax, quantized, traffic
+from test_metal_kernels import MODES, NAX_DEVICE, TYPES, check, check_nax, quantized, traffic
 
 import mlx_fpqmm
 from mlx_fpqmm.testing import metal_qmm
@@ -25,7 +25,13 @@ def test_metal_qmm_runs_the_nax_path():
 def test_modes_and_dtypes(mode, dtype):
     # Float-scale modes get scales of x's dtype from a w of that dtype.
     w_q, scales = quantized((72, 128), mode, dtype=dtype)
-    x = mx.random.normal((21, 128)).astype(dtype)
+    x = mx.random.normal((40, 128)).astype(dtype)
+    if mode in ("fp4", "fp8") and dtype != mx.bfloat16:
+        # NAX would round these weights to bfloat: the plan keeps them on MMA.
+        assert check(x, w_q, scales, mode, device=NAX_DEVICE).plan["path"] == "mma"
+        with pytest.raises(RuntimeError, match="round these weights to bfloat"):
+            check(x, w_q, scales, mode, device=NAX_DEVICE, kernel="nax")
+        return
     check_nax(x, w_q, scales, mode)
 
 
@@ -58,7 +64,7 @@ def test_group_sizes_and_scale_dtypes(mode, group_size):
     # the 64-wide K block (a 128 group spans two blocks).
     scale_dtype = {16: mx.float16, 64: mx.bfloat16, 128: mx.float32}[group_size]
     w_q, scales = quantized((96, 384), mode, group_size, dtype=scale_dtype)
-    x = mx.random.normal((40, 384))
+    x = mx.random.normal((40, 384)).astype(mx.bfloat16)
     check_nax(x, w_q, scales, mode, group_size=group_size)
 
 
@@ -67,7 +73,9 @@ def test_global_scale():
     global_scale = mx.abs(w).max()
     w_q, scales = mlx_fpqmm.quantize(w, mode="nvfp4", global_scale=global_scale)
     x = mx.random.normal((40, 96))
-    check_nax(x, w_q, scales, "nvfp4", global_scale=global_scale)
+    run = check(x, w_q, scales, "nvfp4", global_scale=global_scale, device=NAX_DEVICE)
+    assert run.plan["path"] == "mma"  # the global scale makes W inexact in bfloat
+    check_nax(x.astype(mx.bfloat16), w_q, scales, "nvfp4", global_scale=global_scale)
 
 
 def test_batched():

@@ -89,3 +89,13 @@ def test_zero_group_and_round_trip(mode):
 def test_dequantize_dtype_argument():
     w_q, scales = mlx_fpqmm.quantize(mx.random.normal((4, 64)), mode="fp8")
     assert mlx_fpqmm.dequantize(w_q, scales, mode="fp8", dtype=mx.float16).dtype == (mx.float16)
+
+
+@pytest.mark.parametrize("mode", ["fp4", "fp8"])
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+def test_non_finite_weights_make_their_group_nan(mode, value):
+    w = mx.random.normal((2, 64))
+    w = w.at[0, 3].add(value)
+    d = np.array(mlx_fpqmm.dequantize(*mlx_fpqmm.quantize(w, mode=mode), mode=mode))
+    assert np.isnan(d[0, :32]).all()
+    assert np.isfinite(d[0, 32:]).all() and np.isfinite(d[1]).all()

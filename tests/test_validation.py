@@ -145,7 +145,10 @@ def layer_cases():
             lambda: fnn.QuantizedLinear(64, 16, bits=8, mode="mxfp4"),
             "'mxfp4' stores 4-bit codes but bits=8",
         ),
-        "layer input dims": (lambda: fnn.QuantizedLinear(40, 16, mode="fp4"), "40"),
+        "layer input dims": (
+            lambda: fnn.QuantizedLinear(40, 16, mode="fp4"),
+            r"last dimension of w \(40\) must be a multiple of group_size=32",
+        ),
         "layer group size": (
             lambda: fnn.QuantizedLinear(64, 16, group_size=64, mode="mxfp4"),
             "group_size=64 is not supported for mode 'mxfp4'",

@@ -70,13 +70,6 @@ KernelRequest request_from(const std::optional<std::string>& kernel) {
   return *request;
 }
 
-std::string_view request_name(KernelRequest request) {
-  return request == KernelRequest::automatic
-             ? "auto"
-             : path_name(
-                   static_cast<KernelPath>(static_cast<int>(request) - 1));
-}
-
 // The FpQuantizedMatmul node the validated op builds for this call.
 mx::array primitive_node(
     const mx::array& x,
@@ -86,6 +79,10 @@ mx::array primitive_node(
     const std::string& mode,
     std::optional<int> group_size,
     bool transpose) {
+  if (mode == "affine") {
+    throw std::invalid_argument(
+        "mode 'affine' runs on MLX's own kernels, not mlx_fpqmm's.");
+  }
   auto out = global_scale ? mlx_fpqmm::fp4_qmm(
                                 x,
                                 w,
@@ -109,10 +106,6 @@ mx::array primitive_node(
   while (out.has_primitive() &&
          dynamic_cast<FpQuantizedMatmul*>(&out.primitive()) == nullptr) {
     out = out.inputs()[0];
-  }
-  if (!out.has_primitive()) {
-    throw std::invalid_argument(
-        "mode '" + mode + "' runs on MLX's own kernels, not mlx_fpqmm's.");
   }
   return out;
 }

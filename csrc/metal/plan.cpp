@@ -196,18 +196,33 @@ std::string_view path_name(KernelPath path) {
   return names[static_cast<size_t>(path)];
 }
 
+namespace {
+
+constexpr std::array<std::pair<std::string_view, KernelRequest>, 4>
+    kRequestNames = {
+        {{"auto", KernelRequest::automatic},
+         {"qmv", KernelRequest::qmv},
+         {"mma", KernelRequest::mma},
+         {"nax", KernelRequest::nax}}};
+
+}  // namespace
+
 std::optional<KernelRequest> kernel_request_from_name(std::string_view name) {
-  constexpr std::array<std::pair<std::string_view, KernelRequest>, 4> names = {
-      {{"auto", KernelRequest::automatic},
-       {"qmv", KernelRequest::qmv},
-       {"mma", KernelRequest::mma},
-       {"nax", KernelRequest::nax}}};
-  for (auto [candidate, request] : names) {
+  for (auto [candidate, request] : kRequestNames) {
     if (name == candidate) {
       return request;
     }
   }
   return std::nullopt;
+}
+
+std::string_view request_name(KernelRequest request) {
+  for (auto [name, candidate] : kRequestNames) {
+    if (request == candidate) {
+      return name;
+    }
+  }
+  return {};
 }
 
 KernelRequest kernel_request_from_env() {
@@ -274,6 +289,16 @@ std::optional<std::string> nax_unavailable_reason(
   }
   if (!problem.transpose) {
     return std::string("there is no NAX kernel for transpose=False");
+  }
+  // W is staged in bfloat: exact for E2M1/E4M3 codes times E8M0/E4M3 scales,
+  // rounded for float scales and for nvfp4's global scale, a rounding that
+  // only bfloat16 x's own precision absorbs.
+  bool weights_exact_in_bfloat =
+      format_for(problem.mode).scales != ScaleKind::floating &&
+      !problem.has_global_scale;
+  if (!weights_exact_in_bfloat && problem.x_type != FloatType::bfloat16) {
+    return "the NAX kernels round these weights to bfloat, beyond what " +
+           std::string(type_name(problem.x_type)) + " x tolerates";
   }
   // Any K: the kernel steps through K by 16, and every group size is a
   // multiple of 16.

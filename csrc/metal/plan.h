@@ -40,6 +40,7 @@ enum class KernelRequest { automatic, qmv, mma, nax };
 
 std::string_view path_name(KernelPath path);
 std::optional<KernelRequest> kernel_request_from_name(std::string_view name);
+std::string_view request_name(KernelRequest request);  // "auto", "qmv", ...
 // MLX_FPQMM_KERNEL=auto|qmv|mma|nax (unset: auto); throws on other values.
 KernelRequest kernel_request_from_env();
 

@@ -80,7 +80,12 @@ QmmProblem describe_problem(
   }
   problem.has_global_scale = inputs.size() > 3;
   if (folds_rows(inputs)) {
-    problem.M = static_cast<int>(x.size() / problem.K);
+    // The product of x's leading dimensions (K may be 0).
+    int64_t rows = 1;
+    for (int axis = 0; axis + 1 < static_cast<int>(x.ndim()); ++axis) {
+      rows *= x.shape(axis);
+    }
+    problem.M = static_cast<int>(rows);
     return problem;
   }
   problem.M = x.shape(-2);

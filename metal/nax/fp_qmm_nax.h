@@ -151,7 +151,7 @@ template <typename T, int bits, int BM>
         if (code % group_size == 0) {
           if (w_row_valid && code < K) {
             unit_scales[u] =
-                op.scales[w_row * groups_per_row + code / group_size];
+                op.scales[int64_t(w_row) * groups_per_row + code / group_size];
           }
         } else if (u > 0) {
           unit_scales[u] = unit_scales[u - 1];
