@@ -54,9 +54,28 @@ struct Avx512Vec {
   static F e2m1(I v) {
     return _mm512_permutexvar_ps(v, _mm512_loadu_ps(kE2M1Values.data()));
   }
+  // The 128 magnitudes sit in eight registers: vpermt2ps picks among 32 by
+  // the low 5 bits, bits 5 and 6 pick the quarter, bit 7 is the sign bit.
   static F e4m3(I v) {
-    return _mm512_i32gather_ps(
-        _mm512_and_si512(v, _mm512_set1_epi32(0xFF)), kE4M3Values.data(), 4);
+    F quarter[4];
+    MLX_FPQMM_UNROLL
+    for (int q = 0; q < 4; ++q) {
+      const float* table = kE4M3Values.data() + 32 * q;
+      quarter[q] = _mm512_permutex2var_ps(
+          _mm512_loadu_ps(table), v, _mm512_loadu_ps(table + 16));
+    }
+    __mmask16 bit5 = _mm512_test_epi32_mask(v, _mm512_set1_epi32(0x20));
+    __mmask16 bit6 = _mm512_test_epi32_mask(v, _mm512_set1_epi32(0x40));
+    F magnitude = _mm512_mask_blend_ps(
+        bit6,
+        _mm512_mask_blend_ps(bit5, quarter[0], quarter[1]),
+        _mm512_mask_blend_ps(bit5, quarter[2], quarter[3]));
+    // magnitude | (v << 24 & sign bit)
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        _mm512_castps_si512(magnitude),
+        _mm512_slli_epi32(v, 24),
+        _mm512_set1_epi32(static_cast<int>(0x80000000u)),
+        0xF8));
   }
   static I load_index(const int32_t* p) {
     return _mm512_loadu_si512(p);
@@ -74,7 +93,7 @@ struct Avx512Vec {
     odd = e2m1(_mm512_srli_epi32(bytes, 4));
   }
   static F decode_e4m3(const uint8_t* p) {
-    return _mm512_i32gather_ps(bytes_to_lanes(p), kE4M3Values.data(), 4);
+    return e4m3(bytes_to_lanes(p));
   }
   static void store_interleaved(float* dst, F even, F odd) {
     __m512i lo = _mm512_setr_epi32(
@@ -103,6 +122,18 @@ constexpr auto kE2M1Bf16Bytes = [] {
   }
   return bytes;
 }();
+
+// E4M3 decoding here looks up magnitudes (codes 0..127) and ors in bit 7 as
+// the float sign bit, which formats.h's table agrees with.
+static_assert([] {
+  for (int code = 0; code < 128; ++code) {
+    if (std::bit_cast<uint32_t>(kE4M3Values[code + 128]) !=
+        (std::bit_cast<uint32_t>(kE4M3Values[code]) | 0x80000000u)) {
+      return false;
+    }
+  }
+  return true;
+}());
 
 // Magnitudes only (codes 0..127); bit 7 of a code is its sign bit.
 constexpr auto kE4M3Bf16 = [] {
@@ -305,7 +336,7 @@ void dot_bf16_impl(
       S::lane_groups(0, w.group_size), S::lane_groups(1, w.group_size)};
   int64_t stride = w.groups() + kScalePadding;
   float* scales = scratch<float>(1, Kernels::kRowBlock * stride);
-  Kernels::for_w_rows(M, n0, n1, [&]<int R>(int64_t n) {
+  Kernels::for_w_rows(M, K * sizeof(bf16_bits), n0, n1, [&]<int R>(int64_t n) {
     for (int r = 0; r < R; ++r) {
       Kernels::decode_scales(w, n + r, scales + r * stride, 0, w.groups());
     }

@@ -82,7 +82,8 @@ struct IsaKernels {
       int64_t ldo);
 
   // out[m * ldo + c - c0] = sum_r x[m * w.rows + r] * W[r, c], for m < M and
-  // c in [c0, c1): the small-M product x @ W. c0 is a multiple of 128.
+  // c in [c0, c1): the small-M product x @ W. c0 is a multiple of 32 and of
+  // the group size.
   void (*axpy)(
       const QuantizedMatrix& w,
       const float* x,
@@ -93,7 +94,8 @@ struct IsaKernels {
       int64_t ldo);
 
   // dst[(r - r0) * ld + c - c0] = W[r, c] scaled, for r in [r0, r1) and
-  // c in [c0, c1), c0 a multiple of 128: panels for a float32 GEMM.
+  // c in [c0, c1), c0 a multiple of 32 and of the group size: panels for a
+  // float32 GEMM.
   void (*dequantize)(
       const QuantizedMatrix& w,
       int64_t r0,

@@ -20,8 +20,9 @@ namespace mlx_fpqmm::cpu {
 
 namespace {
 
-// Rows of W per task on the small-M paths, and per panel on the GEMM path;
-// multiples of 128 so that column blocks of x @ W start on a step.
+// Output columns per task: rows of W on the small-M path, columns of W for
+// x @ W and per GEMM panel (multiples of 128, so of every group size and
+// SIMD step, as the kernels need for column blocks).
 constexpr int64_t kDotGrain = 64;
 constexpr int64_t kAxpyGrain = 256;
 constexpr int64_t kPanelRows = 128;

@@ -83,12 +83,16 @@ struct SimdKernels {
   }
 
   // Calls body.template operator()<R>(n) over blocks of R rows of W in
-  // [n0, n1): one at a time for a single x row, else kRowBlock at a time.
+  // [n0, n1): kRowBlock rows at a time when several x rows, or one long x
+  // row (more than half of L1), are read for each row of W, so that each
+  // load of x serves several rows; otherwise one row at a time.
   static constexpr int kRowBlock = 4;
   template <typename Body>
-  static void for_w_rows(int64_t M, int64_t n0, int64_t n1, Body&& body) {
+  static void for_w_rows(
+      int64_t M, int64_t x_row_bytes, int64_t n0, int64_t n1, Body&& body) {
+    constexpr int64_t kHalfL1 = 16 << 10;
     int64_t n = n0;
-    if (M > 1) {
+    if (M > 1 || x_row_bytes > kHalfL1) {
       for (; n + kRowBlock <= n1; n += kRowBlock) {
         body.template operator()<kRowBlock>(n);
       }
@@ -179,10 +183,9 @@ struct SimdKernels {
   }
 
   // R consecutive rows of W (codes and decoded scales, `stride` floats per
-  // row) against MB rows of arranged x, all of K. One row at a time for
-  // matrix-vector products keeps a single sequential stream per thread,
-  // which the prefetchers follow best; with more x rows, several W rows
-  // share each load of x (x may live in L2 then).
+  // row) against MB rows of arranged x, all of K. One row at a time (when x
+  // fits in L1) keeps a single sequential stream per thread, which the
+  // prefetchers follow best; see for_w_rows.
   template <int kBits, int R, int MB>
   MLX_FPQMM_FLATTEN static void dot_block(
       const QuantizedMatrix& w,
@@ -268,7 +271,7 @@ struct SimdKernels {
     }
     int64_t stride = w.groups() + kScalePadding;
     float* scales = scratch<float>(1, kRowBlock * stride);
-    for_w_rows(M, n0, n1, [&]<int R>(int64_t n) {
+    for_w_rows(M, K * sizeof(float), n0, n1, [&]<int R>(int64_t n) {
       for (int r = 0; r < R; ++r) {
         decode_scales(w, n + r, scales + r * stride, 0, w.groups());
       }
