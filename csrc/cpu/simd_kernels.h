@@ -30,10 +30,8 @@ namespace mlx_fpqmm::cpu {
 // measured best between 4 and 8 KiB on Zen 4.
 inline constexpr int64_t kPrefetchDistance = 4096;
 
-}  // namespace mlx_fpqmm::cpu
-
-namespace mlx_fpqmm::cpu {
-
+// Scratch slots (thread_scratch) the kernels hold at once: 0 for x, 1 for
+// scales, 2 for decoded rows and panels, 3 for x arranged for the GEMM.
 template <class V>
 struct SimdKernels {
   using F = typename V::F;
@@ -45,7 +43,6 @@ struct SimdKernels {
   template <int kBits>
   static constexpr int kVecs = kBits == 4 ? 2 : 1;
 
-  // Scratch slots: 0 for x, 1 for scales, 2 for decoded rows.
   // dst[g] for groups g in [g0, g1) of one row: the float scales, times the
   // global factor when asked.
   static void decode_scales(
