@@ -304,97 +304,77 @@ def test_dispatch_of_tens_of_thousands_of_threads_is_fast(reduce: Library) -> No
 # ---------------------------------------------------------------- bug reports
 
 
-def test_divergent_barrier(bugs: Library) -> None:
-    with pytest.raises(KernelError) as error:
-        bugs.dispatch(
-            "divergent_barrier",
-            {0: np.zeros(64, np.float32)},
-            grid=(1, 1, 1),
-            threadgroup=(64, 1, 1),
-        )
-    assert_reported(
-        error,
-        BUGS,
+# (kernel, buffers, threads, the marker on the buggy line, what the report says)
+BUG_CASES = [
+    (
+        "divergent_barrier",
+        {0: np.zeros(64, np.float32)},
+        64,
         "BUG: divergent barrier",
         r"divergent threadgroup barrier.*threads 32\.\.63 \(32\) exited",
-    )
-
-
-def test_unbound_buffer_dereferenced(bugs: Library) -> None:
-    with pytest.raises(KernelError) as error:
-        bugs.dispatch(
-            "unbound_buffer", {0: np.zeros(1, np.float32)}, grid=(1, 1, 1), threadgroup=(1, 1, 1)
-        )
-    assert_reported(
-        error, BUGS, "BUG: buffer(1) is not bound", r"read through buffer\(1\), which is not bound"
-    )
-
-
-def test_uninitialized_threadgroup_memory(bugs: Library) -> None:
-    with pytest.raises(KernelError) as error:
-        bugs.dispatch(
-            "uninitialized_threadgroup",
-            {0: np.zeros(64, np.float32)},
-            grid=(1, 1, 1),
-            threadgroup=(64, 1, 1),
-        )
-    assert_reported(
-        error,
-        BUGS,
+    ),
+    (
+        "unbound_buffer",
+        {0: np.zeros(1, np.float32)},
+        1,
+        "BUG: buffer(1) is not bound",
+        r"read through buffer\(1\), which is not bound",
+    ),
+    (
+        "uninitialized_threadgroup",
+        {0: np.zeros(64, np.float32)},
+        64,
         "BUG: staging[5]",
         r"read of uninitialized threadgroup array .* at byte offset 20",
-    )
-
-
-def test_data_race_on_threadgroup_memory(bugs: Library) -> None:
-    with pytest.raises(KernelError) as error:
-        bugs.dispatch(
-            "data_race", {0: np.zeros(64, np.float32)}, grid=(1, 1, 1), threadgroup=(64, 1, 1)
-        )
-    assert_reported(
-        error, BUGS, "BUG: no barrier since", r"data race .* thread 1 reads what thread 0 wrote"
-    )
-
-
-def test_threadgroup_memory_limit(bugs: Library) -> None:
-    with pytest.raises(KernelError) as error:
-        bugs.dispatch(
-            "too_much_threadgroup_memory",
-            {0: np.zeros(16, np.float32)},
-            grid=(1, 1, 1),
-            threadgroup=(16, 1, 1),
-        )
-    assert_reported(error, BUGS, "threadgroup float more[16]", r"exceeds the 32 KiB limit")
+    ),
+    (
+        "data_race",
+        {0: np.zeros(64, np.float32)},
+        64,
+        "BUG: no barrier since",
+        r"data race .* thread 1 reads what thread 0 wrote",
+    ),
+    (
+        "too_much_threadgroup_memory",
+        {0: np.zeros(16, np.float32)},
+        16,
+        "threadgroup float more[16]",
+        r"exceeds the 32 KiB limit",
+    ),
+    (
+        "shift_too_far",
+        {0: np.zeros(1, np.uint32), 1: np.uint32(32)},
+        1,
+        "BUG when shift",
+        r"shift amount",
+    ),
+    (
+        "divide_by_zero",
+        {0: np.zeros(1, np.int32), 1: np.int32(0)},
+        1,
+        "BUG when d == 0",
+        r"division by zero",
+    ),
+    (
+        "wild_pointer",
+        {0: np.zeros(1, np.float32), 1: np.uint64(16)},
+        1,
+        "BUG: writes to an arbitrary",
+        r"crashed",
+    ),
+]
 
 
 @pytest.mark.parametrize(
-    ("kernel", "buffers", "marker", "what"),
-    [
-        (
-            "shift_too_far",
-            {0: np.zeros(1, np.uint32), 1: np.uint32(32)},
-            "BUG when shift",
-            r"shift amount",
-        ),
-        (
-            "divide_by_zero",
-            {0: np.zeros(1, np.int32), 1: np.int32(0)},
-            "BUG when d == 0",
-            r"division by zero",
-        ),
-        (
-            "wild_pointer",
-            {0: np.zeros(1, np.float32), 1: np.uint64(16)},
-            "BUG: writes to an arbitrary",
-            r"crashed",
-        ),
-    ],
+    ("kernel", "buffers", "threads", "marker", "what"),
+    BUG_CASES,
+    ids=[case[0] for case in BUG_CASES],
 )
-def test_traps_and_crashes_are_reported(
-    bugs: Library, kernel: str, buffers: dict, marker: str, what: str
+def test_bugs_are_reported_at_their_line(
+    bugs: Library, kernel: str, buffers: dict, threads: int, marker: str, what: str
 ) -> None:
     with pytest.raises(KernelError) as error:
-        bugs.dispatch(kernel, buffers, grid=(1, 1, 1), threadgroup=(1, 1, 1))
+        bugs.dispatch(kernel, buffers, grid=(1, 1, 1), threadgroup=(threads, 1, 1))
     assert_reported(error, BUGS, marker, what)
 
 
