@@ -159,3 +159,127 @@ np.save(sys.argv[1], np.concatenate([np.array(y).ravel() for y in ys]))
         subprocess.run([sys.executable, "-c", script, out], check=True, env=env)
         results.append(np.load(out))
     np.testing.assert_array_equal(results[0], results[1])
+
+
+# Non-finite scales and NaN codes. The reference dequantizes element by
+# element (code * scale), so an infinite scale gives ±inf for nonzero codes
+# and NaN for ±0 codes, and a NaN scale or code gives NaN, whatever x.
+# Each case: mode, what is made non-finite ("scale" or "code"), the values
+# the affected groups' scales take (bytes for mxfp/nvfp, floats otherwise),
+# and the scales' dtype for fp4/fp8.
+INF, NAN = float("inf"), float("nan")
+NONFINITE_CASES = {
+    "mxfp4-e8m0-255": ("mxfp4", "scale", [255], None),
+    "mxfp8-e8m0-255": ("mxfp8", "scale", [255], None),
+    "nvfp4-e4m3-nan": ("nvfp4", "scale", [0x7F, 0xFF], None),
+    "fp4-f32-inf": ("fp4", "scale", [INF, -INF], mx.float32),
+    "fp4-f16-inf-nan": ("fp4", "scale", [INF, NAN], mx.float16),
+    "fp8-bf16-inf-nan": ("fp8", "scale", [-INF, NAN], mx.bfloat16),
+    "mxfp8-nan-code": ("mxfp8", "code", [127, 0, 255], None),
+    "fp8-nan-code": ("fp8", "code", [1.0, 0.0, INF, NAN], mx.float32),
+}
+
+
+def nonfinite_case(case, seed=0):
+    """Codes, scales (quantized orientation: 14 rows) and the mode of a case.
+
+    Rows r > 0 have one group affected, the first, fourth or last (in the
+    tail after the last SIMD step), with codes by r % 6: mixed signs, all
+    positive, all negative, positive with a +0, positive with a -0; with
+    positive, negative and zero-holding rows of x this gives finite, +inf,
+    -inf and NaN outputs.
+    """
+    mode, kind, values, scale_dtype = NONFINITE_CASES[case]
+    rng = np.random.default_rng(seed)
+    bits, group_size = BITS[mode], DEFAULT_GROUP_SIZE[mode]
+    rows, cols = 14, quantized_length(mode) - 2048
+    groups = cols // group_size
+    sign = 8 if bits == 4 else 0x80
+    # Small nonzero magnitudes: E2M1 codes 1-7, E4M3 up to 3.75.
+    codes = rng.integers(1, 8 if bits == 4 else 0x48, (rows, cols))
+    codes |= rng.integers(0, 2, (rows, cols)) * sign
+    if mode in ("mxfp4", "mxfp8"):
+        scales = rng.integers(120, 134, (rows, groups)).astype(np.uint8)
+    elif mode == "nvfp4":
+        scales = rng.integers(0x30, 0x40, (rows, groups)).astype(np.uint8)
+    else:
+        scales = rng.uniform(0.5, 2.0, (rows, groups)).astype(np.float32)
+    for r in range(1, rows):
+        g = (0, 3, groups - 1)[r % 3]
+        block = codes[r, g * group_size : (g + 1) * group_size]
+        pattern = r % 6
+        if pattern in (1, 3, 4):
+            block &= ~sign
+        elif pattern == 2:
+            block |= sign
+        if pattern == 3:
+            block[3] = 0
+        elif pattern == 4:
+            block[group_size - 1] = sign
+        if kind == "code":
+            block[r % group_size] = 0x7F | (r % 2) * sign
+        scales[r, g] = values[r % len(values)]
+    if bits == 4:
+        shifts = np.arange(8, dtype=np.uint32) * 4
+        words = (codes.reshape(rows, -1, 8).astype(np.uint32) << shifts).sum(-1)
+    else:
+        words = codes.astype(np.uint8).view(np.uint32)
+    w_q = mx.array(words.astype(np.uint32))
+    scales = mx.array(scales)
+    if scale_dtype is not None:
+        scales = scales.astype(scale_dtype)
+    return w_q, scales, mode
+
+
+def nonfinite_x(M, K, dtype, seed=1):
+    """Rows of x: positive, negative, positive with zeros, mixed, positive."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0.5, 1.5, (M, K)).astype(np.float32)
+    x[1] *= -1
+    x[2, ::7] = 0
+    x[3] *= rng.choice([-1, 1], K)
+    return mx.array(x).astype(dtype)
+
+
+def assert_same_values(y, reference):
+    """NaN and ±inf where the reference has them, the finite values close."""
+    ref, magnitude = reference
+    y = np.array(mx.array(y).astype(mx.float32)).astype(np.float64)
+    assert y.shape == ref.shape, (y.shape, ref.shape)
+    for kind in (np.isnan, np.isposinf, np.isneginf):
+        np.testing.assert_array_equal(kind(y), kind(ref), kind.__name__)
+    finite = np.isfinite(ref)
+    assert finite.any() and not finite.all()  # the case tests both
+    scale = max(float(magnitude[finite].max()), 1e-30)
+    assert float(np.abs(y[finite] - ref[finite]).max()) / scale < TOLERANCE[mx.bfloat16]
+
+
+@pytest.mark.parametrize("case", list(NONFINITE_CASES))
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=DTYPE_NAMES.get)
+@pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
+def test_nonfinite_scales_and_codes(isa, path, case, dtype, transpose):
+    w_q, scales, mode = nonfinite_case(case)
+    rows, cols = w_q.shape[0], w_q.shape[1] * 32 // BITS[mode]
+    for M in (5, 14):
+        x = nonfinite_x(M, cols if transpose else rows, dtype)
+        with np.errstate(invalid="ignore"):
+            reference = qmm_reference(x, w_q, scales, mode, transpose)
+        y = op_for(mode)(x, w_q, scales, transpose=transpose, mode=mode)
+        assert_same_values(y, reference)
+
+
+@pytest.mark.parametrize("case", list(NONFINITE_CASES))
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=DTYPE_NAMES.get)
+@pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
+@pytest.mark.parametrize("kernel", ["qmv", "mma"])
+def test_nonfinite_metal_kernels_agree(case, dtype, transpose, kernel):
+    """The Metal kernels (simulated) follow the same per-element rule."""
+    from mlx_fpqmm.testing import metal_qmm
+
+    w_q, scales, mode = nonfinite_case(case)
+    rows, cols = w_q.shape[0], w_q.shape[1] * 32 // BITS[mode]
+    x = nonfinite_x(5, cols if transpose else rows, dtype)
+    with np.errstate(invalid="ignore"):
+        reference = qmm_reference(x, w_q, scales, mode, transpose)
+    y = metal_qmm(x, w_q, scales, mode=mode, transpose=transpose, kernel=kernel)
+    assert_same_values(y, reference)

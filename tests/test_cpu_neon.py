@@ -17,6 +17,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from reference import BITS, TOLERANCE, dequantize_reference, qmm_reference, relative_error
+from test_cpu_kernels import NONFINITE_CASES, assert_same_values, nonfinite_case, nonfinite_x
 
 import mlx_fpqmm
 
@@ -117,3 +118,16 @@ def test_nvfp4_global_factor(harness):
     y = run(harness, "neon", "nvfp4", "dot", w_q, scales, x, global_factor=0.25)
     ref, magnitude = qmm_reference(x, w_q, scales, "nvfp4")
     assert relative_error(mx.array(y), (ref * 0.25, magnitude * 0.25)) < 1e-5
+
+
+@pytest.mark.parametrize("isa", ["neon", "portable"])
+@pytest.mark.parametrize("case", list(NONFINITE_CASES))
+def test_nonfinite_scales_and_codes(harness, isa, case):
+    w_q, scales, mode = nonfinite_case(case)
+    for op, transpose in (("dot", True), ("axpy", False)):
+        x = nonfinite_x(
+            5, w_q.shape[1] * 32 // BITS[mode] if transpose else w_q.shape[0], mx.float32
+        )
+        with np.errstate(invalid="ignore"):
+            reference = qmm_reference(x, w_q, scales, mode, transpose)
+        assert_same_values(run(harness, isa, mode, op, w_q, scales, x), reference)

@@ -144,10 +144,6 @@ constexpr auto kE4M3Bf16 = [] {
   return table;
 }();
 
-float bf16_to_float(bf16_bits bits) {
-  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
-}
-
 // 128 E2M1 codes (64 bytes) as four vectors of 32 bf16. In 128-bit lane L,
 // word j of v[0] is element 32L + 2j, of v[1] 32L + 16 + 2j, of v[2] and v[3]
 // the odd elements after those.
@@ -351,6 +347,8 @@ void dot_bf16_impl(
           out + m * ldo + n - n0,
           ldo);
     });
+    Kernels::redo_nonfinite_rows(
+        w, n, R, scales, stride, x, M, out + n - n0, ldo);
   });
 }
 

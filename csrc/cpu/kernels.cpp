@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/simd_kernels.h"
@@ -146,6 +147,47 @@ float code_value(const QuantizedMatrix& w, int64_t row, int64_t col) {
     return kE2M1Values[(bytes[col / 2] >> (col % 2 * 4)) & 0xF];
   }
   return kE4M3Values[bytes[col]];
+}
+
+bool all_finite(const float* scales, int64_t count) {
+  // On the bits (an all-ones exponent), so that it vectorizes and survives
+  // -ffinite-math-only.
+  bool finite = true;
+  for (int64_t g = 0; g < count; ++g) {
+    finite &= (std::bit_cast<uint32_t>(scales[g]) & 0x7F800000u) != 0x7F800000u;
+  }
+  return finite;
+}
+
+template <typename X>
+float dot_by_element_impl(
+    const QuantizedMatrix& w, int64_t row, const float* scales, const X* x) {
+  float total = 0.0f;
+  for (int64_t k = 0; k < w.cols; ++k) {
+    float value = code_value(w, row, k) * scales[k / w.group_size];
+    if constexpr (std::is_same_v<X, bf16_bits>) {
+      total += bf16_to_float(x[k]) * value;
+    } else {
+      total += x[k] * value;
+    }
+  }
+  return total;
+}
+
+float dot_by_element(
+    const QuantizedMatrix& w,
+    int64_t row,
+    const float* scales,
+    const float* x) {
+  return dot_by_element_impl(w, row, scales, x);
+}
+
+float dot_by_element(
+    const QuantizedMatrix& w,
+    int64_t row,
+    const float* scales,
+    const bf16_bits* x) {
+  return dot_by_element_impl(w, row, scales, x);
 }
 
 const IsaKernels* portable_kernels() {

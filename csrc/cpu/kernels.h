@@ -2,6 +2,7 @@
 // build into the standalone cross-ISA test harness (csrc/cpu/testing/).
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -64,6 +65,23 @@ float code_value(const QuantizedMatrix& w, int64_t row, int64_t col);
 
 // bfloat16 as raw bits; conversions round to nearest even like MLX.
 using bf16_bits = uint16_t;
+
+inline float bf16_to_float(bf16_bits bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
+
+// Whether all `count` scales are finite.
+bool all_finite(const float* scales, int64_t count);
+
+// sum_k x[k] * (code_k * scale_k) over row `row` of W, element by element as
+// the reference dequantizes (scales decoded, `scales[g]` for group g).
+float dot_by_element(
+    const QuantizedMatrix& w, int64_t row, const float* scales, const float* x);
+float dot_by_element(
+    const QuantizedMatrix& w,
+    int64_t row,
+    const float* scales,
+    const bf16_bits* x);
 
 // One ISA's kernels. x is row-major and dense, outputs are float32 with row
 // stride ldo. The bf16 entries are null where the ISA has no bf16 dots.

@@ -253,6 +253,32 @@ struct SimdKernels {
     }
   }
 
+  // The dot kernels scale each group's sum of x * code, which matches the
+  // reference's sum of x * (code * scale) only for finite scales (an infinite
+  // scale times a ±0 code is NaN there). Rows of W [n, n + R) holding a
+  // non-finite scale, rare, are redone element by element.
+  template <typename X>
+  static void redo_nonfinite_rows(
+      const QuantizedMatrix& w,
+      int64_t n,
+      int R,
+      const float* scales,
+      int64_t stride,
+      const X* x,
+      int64_t M,
+      float* out,
+      int64_t ldo) {
+    for (int r = 0; r < R; ++r) {
+      const float* row_scales = scales + r * stride;
+      if (all_finite(row_scales, w.groups())) {
+        continue;
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        out[m * ldo + r] = dot_by_element(w, n + r, row_scales, x + m * w.cols);
+      }
+    }
+  }
+
   template <int kBits>
   static void dot_impl(
       const QuantizedMatrix& w,
@@ -277,6 +303,7 @@ struct SimdKernels {
         dot_block<kBits, R, MB>(
             w, n, scales, stride, xa + m * K, out + m * ldo + n - n0, ldo);
       });
+      redo_nonfinite_rows(w, n, R, scales, stride, x, M, out + n - n0, ldo);
     });
   }
 
