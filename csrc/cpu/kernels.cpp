@@ -149,16 +149,6 @@ float code_value(const QuantizedMatrix& w, int64_t row, int64_t col) {
   return kE4M3Values[bytes[col]];
 }
 
-bool all_finite(const float* scales, int64_t count) {
-  // On the bits (an all-ones exponent), so that it vectorizes and survives
-  // -ffinite-math-only.
-  bool finite = true;
-  for (int64_t g = 0; g < count; ++g) {
-    finite &= (std::bit_cast<uint32_t>(scales[g]) & 0x7F800000u) != 0x7F800000u;
-  }
-  return finite;
-}
-
 template <typename X>
 float dot_by_element_impl(
     const QuantizedMatrix& w, int64_t row, const float* scales, const X* x) {

@@ -70,9 +70,6 @@ inline float bf16_to_float(bf16_bits bits) {
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
 }
 
-// Whether all `count` scales are finite.
-bool all_finite(const float* scales, int64_t count);
-
 // sum_k x[k] * (code_k * scale_k) over row `row` of W, element by element as
 // the reference dequantizes (scales decoded, `scales[g]` for group g).
 float dot_by_element(

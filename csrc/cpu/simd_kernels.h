@@ -257,6 +257,18 @@ struct SimdKernels {
   // reference's sum of x * (code * scale) only for finite scales (an infinite
   // scale times a ±0 code is NaN there). Rows of W [n, n + R) holding a
   // non-finite scale, rare, are redone element by element.
+  // On the exponent bits, as a max-reduction: it vectorizes (the check runs
+  // for every row of W) and survives -ffinite-math-only.
+  static bool all_finite(const float* scales, int64_t count) {
+    constexpr uint32_t kExponent = 0x7F800000u;
+    uint32_t largest = 0;
+    for (int64_t g = 0; g < count; ++g) {
+      largest =
+          std::max(largest, std::bit_cast<uint32_t>(scales[g]) & kExponent);
+    }
+    return largest != kExponent;
+  }
+
   template <typename X>
   static void redo_nonfinite_rows(
       const QuantizedMatrix& w,
