@@ -144,8 +144,4 @@ inline std::span<const float> code_values(CodeKind codes) {
   return kE4M3Values;
 }
 
-inline float decode_scale_byte(ScaleKind kind, uint8_t byte) {
-  return kind == ScaleKind::e8m0 ? decode_e8m0(byte) : kE4M3Values[byte];
-}
-
 }  // namespace mlx_fpqmm

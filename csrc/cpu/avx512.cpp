@@ -360,11 +360,9 @@ void dot_bf16_entry(
     int64_t n1,
     float* out,
     int64_t ldo) {
-  if (w.bits == 4) {
-    dot_bf16_impl<4>(w, x, M, n0, n1, out, ldo);
-  } else {
-    dot_bf16_impl<8>(w, x, M, n0, n1, out, ldo);
-  }
+  with_code_bits(w.bits, [&](auto bits) {
+    dot_bf16_impl<bits>(w, x, M, n0, n1, out, ldo);
+  });
 }
 
 // ---------------------------------------------------------------------------
@@ -623,11 +621,9 @@ void gemm_bf16_entry(
     int64_t n1,
     float* out,
     int64_t ldo) {
-  if (w.bits == 4) {
-    gemm_bf16_impl<4>(w, x, M, n0, n1, out, ldo);
-  } else {
-    gemm_bf16_impl<8>(w, x, M, n0, n1, out, ldo);
-  }
+  with_code_bits(w.bits, [&](auto bits) {
+    gemm_bf16_impl<bits>(w, x, M, n0, n1, out, ldo);
+  });
 }
 
 }  // namespace

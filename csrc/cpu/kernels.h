@@ -5,12 +5,24 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "formats.h"
 
 namespace mlx_fpqmm::cpu {
 
 enum class ScaleType : uint8_t { e8m0, e4m3, f32, f16, bf16 };
+
+// Calls f(std::integral_constant<int, bits>) for a code width of 4 or 8, so
+// kernels templated on the width are instantiated once per width.
+template <typename F>
+inline void with_code_bits(int bits, F&& f) {
+  if (bits == 4) {
+    f(std::integral_constant<int, 4>{});
+  } else {
+    f(std::integral_constant<int, 8>{});
+  }
+}
 
 // A row-major matrix of packed codes, quantized along its rows: `rows` rows of
 // `cols` elements, each row `cols / group_size` groups with one scale each.

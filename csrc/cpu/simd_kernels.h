@@ -327,11 +327,8 @@ struct SimdKernels {
       int64_t n1,
       float* out,
       int64_t ldo) {
-    if (w.bits == 4) {
-      dot_impl<4>(w, x, M, n0, n1, out, ldo);
-    } else {
-      dot_impl<8>(w, x, M, n0, n1, out, ldo);
-    }
+    with_code_bits(
+        w.bits, [&](auto bits) { dot_impl<bits>(w, x, M, n0, n1, out, ldo); });
   }
 
   // Decodes columns [c0, c1) of row r, scaled, into dst in element order.
@@ -392,11 +389,9 @@ struct SimdKernels {
       int64_t c1,
       float* dst,
       int64_t ld) {
-    if (w.bits == 4) {
-      dequantize_impl<4>(w, r0, r1, c0, c1, dst, ld);
-    } else {
-      dequantize_impl<8>(w, r0, r1, c0, c1, dst, ld);
-    }
+    with_code_bits(w.bits, [&](auto bits) {
+      dequantize_impl<bits>(w, r0, r1, c0, c1, dst, ld);
+    });
   }
 
   // x @ W with W (K, N): each row of W is decoded once, in blocks of columns
@@ -426,11 +421,9 @@ struct SimdKernels {
             scales,
             b0 / w.group_size,
             (b1 + w.group_size - 1) / w.group_size);
-        if (w.bits == 4) {
-          dequantize_row<4>(w, k, b0, b1, scales, w_row);
-        } else {
-          dequantize_row<8>(w, k, b0, b1, scales, w_row);
-        }
+        with_code_bits(w.bits, [&](auto bits) {
+          dequantize_row<bits>(w, k, b0, b1, scales, w_row);
+        });
         for (int64_t m = 0; m < M; ++m) {
           F xk = V::set1(x[m * K + k]);
           float* o = out + m * ldo + b0 - c0;
