@@ -38,6 +38,8 @@ nb::list format_table() {
 }  // namespace
 
 NB_MODULE(_ext, m) {
+  // MLX's types must be registered before signatures name them.
+  nb::module_::import_("mlx.core");
   m.doc() = "fp4 / fp8 quantized matrix multiplication for MLX";
 
   m.def("formats", &format_table, "The format table: one dict per mode.");
@@ -56,10 +58,13 @@ NB_MODULE(_ext, m) {
       "global_scale"_a = nb::none(),
       "stream"_a = nb::none(),
       nb::sig(
-          "def fp4_qmm(x: array, w: array, /, scales: array, "
-          "transpose: bool = True, group_size: Optional[int] = None, "
-          "mode: str = 'mxfp4', *, global_scale: Optional[array] = None, "
-          "stream: Union[None, Stream, Device] = None) -> array"),
+          "def fp4_qmm(x: mlx.core.array, w: mlx.core.array, /, scales: "
+          "mlx.core.array, "
+          "transpose: bool = True, group_size: typing.Optional[int] = None, "
+          "mode: str = 'mxfp4', *, global_scale: "
+          "typing.Optional[mlx.core.array] = None, "
+          "stream: typing.Union[None, mlx.core.Stream, mlx.core.Device] = "
+          "None) -> mlx.core.array"),
       R"pbdoc(
         Multiply ``x`` with an fp4 (E2M1) quantized matrix ``w``.
 
@@ -101,10 +106,12 @@ NB_MODULE(_ext, m) {
       nb::kw_only(),
       "stream"_a = nb::none(),
       nb::sig(
-          "def fp8_qmm(x: array, w: array, /, scales: array, "
-          "transpose: bool = True, group_size: Optional[int] = None, "
+          "def fp8_qmm(x: mlx.core.array, w: mlx.core.array, /, scales: "
+          "mlx.core.array, "
+          "transpose: bool = True, group_size: typing.Optional[int] = None, "
           "mode: str = 'mxfp8', *, "
-          "stream: Union[None, Stream, Device] = None) -> array"),
+          "stream: typing.Union[None, mlx.core.Stream, mlx.core.Device] = "
+          "None) -> mlx.core.array"),
       R"pbdoc(
         Multiply ``x`` with an fp8 (E4M3) quantized matrix ``w``.
 
@@ -141,11 +148,15 @@ NB_MODULE(_ext, m) {
       nb::kw_only(),
       "stream"_a = nb::none(),
       nb::sig(
-          "def quantized_matmul(x: array, w: array, /, scales: array, "
-          "biases: Optional[array] = None, transpose: bool = True, "
-          "group_size: Optional[int] = None, bits: Optional[int] = None, "
+          "def quantized_matmul(x: mlx.core.array, w: mlx.core.array, /, "
+          "scales: mlx.core.array, "
+          "biases: typing.Optional[mlx.core.array] = None, transpose: bool = "
+          "True, "
+          "group_size: typing.Optional[int] = None, bits: typing.Optional[int] "
+          "= None, "
           "mode: str = 'affine', *, "
-          "stream: Union[None, Stream, Device] = None) -> array"),
+          "stream: typing.Union[None, mlx.core.Stream, mlx.core.Device] = "
+          "None) -> mlx.core.array"),
       R"pbdoc(
         Drop-in replacement for ``mx.quantized_matmul``.
 
@@ -166,9 +177,11 @@ NB_MODULE(_ext, m) {
       "global_scale"_a = nb::none(),
       "stream"_a = nb::none(),
       nb::sig(
-          "def quantize(w: array, /, group_size: Optional[int] = None, *, "
-          "mode: str, global_scale: Optional[array] = None, "
-          "stream: Union[None, Stream, Device] = None) -> list[array]"),
+          "def quantize(w: mlx.core.array, /, group_size: typing.Optional[int] "
+          "= None, *, "
+          "mode: str, global_scale: typing.Optional[mlx.core.array] = None, "
+          "stream: typing.Union[None, mlx.core.Stream, mlx.core.Device] = "
+          "None) -> list[mlx.core.array]"),
       R"pbdoc(
         Quantize ``w`` along its last axis.
 
@@ -204,11 +217,12 @@ NB_MODULE(_ext, m) {
       "dtype"_a = nb::none(),
       "stream"_a = nb::none(),
       nb::sig(
-          "def dequantize(w: array, /, scales: array, "
-          "group_size: Optional[int] = None, *, mode: str, "
-          "global_scale: Optional[array] = None, "
-          "dtype: Optional[Dtype] = None, "
-          "stream: Union[None, Stream, Device] = None) -> array"),
+          "def dequantize(w: mlx.core.array, /, scales: mlx.core.array, "
+          "group_size: typing.Optional[int] = None, *, mode: str, "
+          "global_scale: typing.Optional[mlx.core.array] = None, "
+          "dtype: typing.Optional[mlx.core.Dtype] = None, "
+          "stream: typing.Union[None, mlx.core.Stream, mlx.core.Device] = "
+          "None) -> mlx.core.array"),
       R"pbdoc(
         Dequantize ``w`` produced by :func:`quantize`.
 

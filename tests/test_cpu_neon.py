@@ -1,9 +1,11 @@
 """The arm64 NEON kernels, cross-compiled and run under qemu-user.
 
 csrc/cpu/testing/kernel_harness.cpp runs one ISA's kernels on a case given on
-stdin; here it is built for arm64 with Debian's g++-aarch64-linux-gnu and run
-with qemu-aarch64 (both installed by tools/setup), and its results are checked
-against the same reference as every other kernel.
+stdin; here it is built for arm64 twice, by Debian's g++-aarch64-linux-gnu and
+by clang (the ziglang wheel's, with clang's own arm_neon.h, where several
+intrinsics are macros) against the same cross libstdc++, and run with
+qemu-aarch64 (tools/setup installs the cross toolchain and qemu); the results
+are checked against the same reference as every other kernel.
 """
 
 import os
@@ -11,6 +13,7 @@ import platform
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -31,8 +34,29 @@ FLOAT_SCALE_TYPES = {mx.float32: 2, mx.float16: 3, mx.bfloat16: 4}
 OPS = {"dot": 0, "axpy": 1, "dequantize": 2}
 
 
-@pytest.fixture(scope="module")
-def harness(tmp_path_factory) -> Path:
+FLAGS = ["-std=c++20", "-O2", "-I", "csrc", "-I", "metal"]
+
+
+def clang_objects(directory: Path) -> list[str]:
+    """The harness's sources compiled by clang for aarch64 Linux (Debian's cross
+    libstdc++, clang's intrinsics headers), to be linked by g++."""
+    import ziglang
+
+    command = [
+        sys.executable, "-m", "ziglang", "clang", "-x", "c++", "-target", "aarch64-linux-gnu",
+        "--gcc-toolchain=/usr", f"-resource-dir={Path(ziglang.__file__).parent / 'lib'}",
+        *FLAGS, "-c",
+    ]  # fmt: skip
+    objects = []
+    for source in SOURCES:
+        output = directory / (Path(source).stem + ".o")
+        subprocess.run([*command, source, "-o", str(output)], cwd=ROOT, check=True)
+        objects.append(str(output))
+    return objects
+
+
+@pytest.fixture(scope="module", params=["g++", "clang"])
+def harness(request, tmp_path_factory) -> Path:
     if platform.system() != "Linux":
         pytest.skip("the cross toolchain is Debian's")
     if not (shutil.which(COMPILER) and shutil.which(EMULATOR)):
@@ -40,20 +64,11 @@ def harness(tmp_path_factory) -> Path:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    binary = tmp_path_factory.mktemp("neon") / "kernel_harness"
-    command = [
-        COMPILER,
-        "-std=c++20",
-        "-O2",
-        "-static",
-        "-I",
-        "csrc",
-        "-I",
-        "metal",
-        "-o",
-        str(binary),
-    ]
-    subprocess.run(command + SOURCES, cwd=ROOT, check=True)
+    directory = tmp_path_factory.mktemp(f"neon-{request.param}")
+    binary = directory / "kernel_harness"
+    inputs = SOURCES if request.param == "g++" else clang_objects(directory)
+    command = [COMPILER, *FLAGS, "-static", "-o", str(binary), *inputs]
+    subprocess.run(command, cwd=ROOT, check=True)
     return binary
 
 

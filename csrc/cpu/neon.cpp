@@ -113,7 +113,10 @@ struct NeonVec {
     return vld1q_f32(values);
   }
   static void store_interleaved(float* dst, F even, F odd) {
-    vst2q_f32(dst, float32x4x2_t{{even, odd}});
+    // A named pair: in clang's arm_neon.h vst2q_f32 is a macro, and a braced
+    // initialiser's comma would split its arguments.
+    float32x4x2_t pair = {{even, odd}};
+    vst2q_f32(dst, pair);
   }
 };
 

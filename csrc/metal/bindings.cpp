@@ -274,11 +274,14 @@ void register_metal_bindings(nb::module_& m) {
       "macos"_a = nb::none(),
       "kernel"_a = nb::none(),
       nb::sig(
-          "def kernel_path(x: array, w: array, /, scales: array, "
-          "transpose: bool = True, group_size: Optional[int] = None, "
-          "mode: str = 'mxfp4', *, global_scale: Optional[array] = None, "
-          "device: Optional[str] = None, macos: Optional[str] = None, "
-          "kernel: Optional[str] = None) -> dict"),
+          "def kernel_path(x: mlx.core.array, w: mlx.core.array, /, scales: "
+          "mlx.core.array, "
+          "transpose: bool = True, group_size: typing.Optional[int] = None, "
+          "mode: str = 'mxfp4', *, global_scale: "
+          "typing.Optional[mlx.core.array] = None, "
+          "device: typing.Optional[str] = None, macos: typing.Optional[str] = "
+          "None, "
+          "kernel: typing.Optional[str] = None) -> dict"),
       R"pbdoc(
         Which Metal kernel a call with these arguments runs, and why.
 

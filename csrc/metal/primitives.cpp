@@ -5,7 +5,7 @@
 
 #include "primitives.h"
 
-#ifdef _METAL_
+#if defined(_METAL_) && !defined(MLX_FPQMM_NO_METAL_KERNELS)
 
 #include <string>
 #include <variant>
@@ -106,8 +106,11 @@ namespace mlx_fpqmm {
 
 void FpQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   throw std::runtime_error(
-      "[FpQuantizedMatmul] This build of mlx_fpqmm has no Metal kernels; run "
-      "the op on the CPU with stream=mx.cpu (or "
+      "[FpQuantizedMatmul] This build of mlx_fpqmm has no Metal kernels"
+#ifdef MLX_FPQMM_NO_METAL_KERNELS
+      " (it was built with MLX_FPQMM_METAL=OFF)"
+#endif
+      "; run the op on the CPU with stream=mx.cpu (or "
       "mx.set_default_device(mx.cpu)).");
 }
 

@@ -130,8 +130,14 @@ std::pair<int, int> running_macos_version() {
 
 const std::string& module_directory() {
   static const std::string directory = [] {
+    // The metallibs are installed beside this module.
     Dl_info info;
-    dladdr(reinterpret_cast<void*>(&module_directory), &info);
+    if (dladdr(reinterpret_cast<void*>(&module_directory), &info) == 0 ||
+        info.dli_fname == nullptr) {
+      throw std::runtime_error(
+          "[mlx_fpqmm] Could not locate the extension module (dladdr failed), "
+          "so its Metal libraries cannot be found.");
+    }
     return std::filesystem::path(info.dli_fname).parent_path().string();
   }();
   return directory;
