@@ -36,13 +36,15 @@ _NUMPY_TYPES = {
 _NAN_BITS_BFLOAT16 = 0x7FC0
 
 
-# Each metallib (as the plan names it) and the directory of its .metal files.
-LIBRARIES = {"mlx_fpqmm": METAL_DIR, "mlx_fpqmm_nax": METAL_DIR / "nax"}
+# Each metallib (as the plan names it): the directory of its .metal files and
+# the Metal language version CMake compiles it at (its deployment target's,
+# cmake/sources.cmake).
+LIBRARIES = {"mlx_fpqmm": (METAL_DIR, "3.1"), "mlx_fpqmm_nax": (METAL_DIR / "nax", "4.0")}
 
 
 def kernel_sources(name: str = "mlx_fpqmm") -> list[Path]:
     """The .metal files of a metallib (what CMake compiles on macOS)."""
-    return sorted(LIBRARIES[name].glob("*.metal"))
+    return sorted(LIBRARIES[name][0].glob("*.metal"))
 
 
 @functools.cache
@@ -61,7 +63,7 @@ def library(name: str = "mlx_fpqmm"):
         sys.path.insert(0, str(SIMULATOR_DIR))
     from metal_sim import Library
 
-    return Library(kernel_sources(name), include_dirs=[METAL_DIR])
+    return Library(kernel_sources(name), include_dirs=[METAL_DIR], metal_version=LIBRARIES[name][1])
 
 
 @dataclass

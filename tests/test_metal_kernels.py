@@ -2,6 +2,7 @@
 them, against the same MLX reference as the CPU tests."""
 
 import math
+import shutil
 
 import mlx.core as mx
 import numpy as np
@@ -13,7 +14,7 @@ from reference import (
 )
 
 import mlx_fpqmm
-from mlx_fpqmm.testing import LIBRARIES, library, metal_qmm, run_metal
+from mlx_fpqmm.testing import LIBRARIES, METAL_DIR, kernel_sources, library, metal_qmm, run_metal
 
 TYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 # Group size 16 in both, so K % 32 == 16 is allowed.
@@ -67,6 +68,28 @@ def test_instantiated_kernels_are_the_tested_ones():
     # Every metallib: the base one and the NAX one.
     names = [name for library_name in LIBRARIES for name in library(library_name).names]
     assert sorted(names) == sorted(EXPECTED_KERNELS)
+
+
+@pytest.mark.parametrize("name", list(LIBRARIES))
+def test_metallib_sources_are_their_metal_version(name):
+    """Every .metal file CMake compiles passes the simulator's Metal language
+    check at its metallib's version (library() raises otherwise)."""
+    assert kernel_sources(name)
+    assert library(name).metal_version == LIBRARIES[name][1]
+
+
+def test_metal_language_check_covers_the_kernels(tmp_path):
+    """A construct Metal 3.1 lacks, planted in a shared kernel header, fails."""
+    from metal_sim import Library, MetalCompileError
+
+    shutil.copytree(METAL_DIR, tmp_path / "metal")
+    header = tmp_path / "metal" / "fp_common.h"
+    text = header.read_text()
+    header.write_text(
+        text.replace("#pragma once", "#pragma once\ninline double wide(float v) { return v; }", 1)
+    )
+    with pytest.raises(MetalCompileError, match=r"fp_common.h:4: double"):
+        Library([tmp_path / "metal" / "fp_qmm.metal"], include_dirs=[tmp_path / "metal"])
 
 
 @pytest.mark.parametrize("host_name", EXPECTED_KERNELS)

@@ -623,3 +623,87 @@ def test_direct_half_bfloat_conversions(primitives: Library) -> None:
     )
     np.testing.assert_array_equal(to_bfloat, np.repeat(h.astype(ml_dtypes.bfloat16), 2))
     np.testing.assert_array_equal(to_half, np.repeat(b.astype(np.float32).astype(np.float16), 2))
+
+
+CONFORMANCE_KERNEL = """
+#include <metal_stdlib>
+using namespace metal;
+{helpers}
+[[kernel]] void probe(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {{
+  {body}
+}}
+"""
+# (helpers, body, Metal versions that reject it, what the report says)
+CONFORMANCE_CASES = {
+    "structured_binding": (
+        "struct P { float a; float b; };",
+        "P p = {1.0f, 2.0f}; auto [a, b] = p; out[i] = a + b;",
+        ["3.1"],
+        "structured binding declarations",
+    ),
+    "fold_expression": (
+        "template <typename... T> float total(T... v) { return (v + ...); }",
+        "out[i] = total(1.0f, 2.0f);",
+        ["3.1"],
+        "pack fold expression",
+    ),
+    "designated_initializer": (
+        "struct P { float a; float b; };",
+        "P p = {.a = 1.0f, .b = 2.0f}; out[i] = p.a;",
+        ["3.1", "4.0"],
+        "designated initializers",
+    ),
+    "goto": ("", "if (i) goto done; out[i] = 1.0f; done: return;", ["3.1", "4.0"], "goto"),
+    "double": ("", "double d = out[i]; out[i] = float(d);", ["3.1", "4.0"], "double"),
+    "std": ("", "out[i] = std::fmax(out[i], 0.0f);", ["3.1", "4.0"], "std::"),
+    "function_pointer": (
+        "float twice(float v) { return 2 * v; }",
+        "float (*f)(float) = twice; out[i] = f(out[i]);",
+        ["3.1", "4.0"],
+        "function pointers",
+    ),
+    "virtual": (
+        "struct B { virtual float f() const { return 1; } };",
+        "out[i] = 1.0f;",
+        ["3.1", "4.0"],
+        "virtual functions",
+    ),
+    "recursion": (
+        "uint steps(uint n) { return n < 2 ? n : steps(n / 2) + 1; }",
+        "out[i] = float(steps(i));",
+        ["3.1", "4.0"],
+        "recursion",
+    ),
+    "if_constexpr_and_deleted_functions": (
+        "struct N { N() = default; N(const N&) = delete; };",
+        "if constexpr (sizeof(float) == 4) { out[i] = 1.0f; }",
+        [],
+        "",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFORMANCE_CASES))
+@pytest.mark.parametrize("version", ["3.1", "4.0"])
+def test_metal_language_conformance(tmp_path: Path, case: str, version: str) -> None:
+    """What Apple's compiler rejects at a metallib's Metal version fails the
+    simulator's compile too, though clang at C++23 accepts it."""
+    helpers, body, rejected_by, report = CONFORMANCE_CASES[case]
+    source = tmp_path / f"{case}.metal"
+    source.write_text(CONFORMANCE_KERNEL.format(helpers=helpers, body=body))
+    if version not in rejected_by:
+        out = np.zeros(4, np.float32)
+        Library([source], metal_version=version).dispatch(
+            "probe", {0: out}, grid=(1, 1, 1), threadgroup=(4, 1, 1)
+        )
+        return
+    with pytest.raises(MetalCompileError) as error:
+        Library([source], metal_version=version)
+    assert f"is not Metal {version}" in str(error.value)
+    assert report in str(error.value)
+    assert str(source) in str(error.value) or case == "recursion"
+
+
+def test_unknown_metal_version_is_rejected() -> None:
+    with pytest.raises(ValueError, match="metal_version must be one of"):
+        Library([KERNELS / "primitives.metal"], metal_version="2.4")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import toolchain
+from . import conformance, toolchain
 from .instrument import InstrumentError, instrument
 from .rewrite import RewriteError, TranslationUnit
 
@@ -73,11 +73,14 @@ class Library:
         sources: Sequence[str | os.PathLike[str]],
         include_dirs: Sequence[str | os.PathLike[str]] = (),
         defines: Mapping[str, str | int] | None = None,
+        metal_version: str = "3.1",
     ) -> None:
         self.sources = [Path(s).resolve() for s in sources]
         self.include_dirs = [Path(d).resolve() for d in include_dirs]
+        self.metal_version = metal_version
         self.defines = {
             **toolchain.METAL_DEFINES,
+            "__METAL_VERSION__": conformance.language(metal_version)[2],
             **{k: str(v) for k, v in (defines or {}).items()},
         }
         units = [self._translate(source) for source in self.sources]
@@ -103,9 +106,15 @@ class Library:
         if result.returncode != 0:
             raise MetalCompileError(f"{source}: preprocessing failed:\n{result.stderr}")
         try:
-            return TranslationUnit(result.stdout)
+            unit = TranslationUnit(result.stdout)
         except RewriteError as error:
             raise MetalCompileError(f"{source}: {error}") from error
+        problems = conformance.check(unit.text, result.stdout, self.metal_version)
+        if problems:
+            raise MetalCompileError(
+                f"{source} is not Metal {self.metal_version}:\n" + "\n".join(problems)
+            )
+        return unit
 
     def _compile(self, source: Path, unit: TranslationUnit) -> Path:
         """Source -> optimised IR -> traced IR (instrument.py) -> object."""
