@@ -35,34 +35,26 @@ constant bool has_global_scale [[function_constant(FPQMM_CONSTANT_HAS_GLOBAL_SCA
       [[buffer(FPQMM_BUFFER_W_BATCH_STRIDES)]],                               \
       constant int64_t *scales_batch_strides                                  \
       [[buffer(FPQMM_BUFFER_SCALES_BATCH_STRIDES)]]
+// The names FPQMM_BUFFERS declares, in batch_operands' order.
+#define FPQMM_BUFFER_NAMES                                          \
+  w, scales, global_scale, x, y, M, N, K, batch_ndims, batch_shape, \
+      x_batch_strides, w_batch_strides, scales_batch_strides
 
-// The matrices of one batch element.
+// The matrices of one product and their shape: y (M x N) = x (M x K) times
+// W (N x K, transpose) or W (K x N).
 template <typename T>
 struct Operands {
   const device uint32_t* w;
   GroupScales scales;
   const device T* x;
   device T* y;
+  int M;
+  int N;
+  int K;
 };
 
-// Offsets x, w and scales to batch element `batch` through their strides
-// (broadcast axes have stride 0); y is contiguous.
-#define FPQMM_OPERANDS(T, batch) \
-  batch_operands<T>(             \
-      w,                         \
-      scales,                    \
-      global_scale,              \
-      x,                         \
-      y,                         \
-      M,                         \
-      N,                         \
-      batch_ndims,               \
-      batch_shape,               \
-      x_batch_strides,           \
-      w_batch_strides,           \
-      scales_batch_strides,      \
-      batch)
-
+// The operands of batch element `batch`: x, w and scales offset through their
+// strides (broadcast axes have stride 0); y is contiguous.
 template <typename T>
 inline Operands<T> batch_operands(
     const device uint32_t* w,
@@ -72,6 +64,7 @@ inline Operands<T> batch_operands(
     device T* y,
     int M,
     int N,
+    int K,
     int batch_ndims,
     constant int* batch_shape,
     constant int64_t* x_batch_strides,
@@ -93,7 +86,14 @@ inline Operands<T> batch_operands(
       scales + scales_offset * scale_itemsize(scale_encoding),
       scale_encoding,
       global_scale_factor(global_scale, has_global_scale)};
-  return {w + w_offset, group_scales, x + x_offset, y + int64_t(batch) * M * N};
+  return {
+      w + w_offset,
+      group_scales,
+      x + x_offset,
+      y + int64_t(batch) * M * N,
+      M,
+      N,
+      K};
 }
 
 // Loads `words` consecutive uint32 (1, 2 or 4) in one access.
@@ -119,6 +119,27 @@ template <int bits>
 inline uint code_at(const thread uint32_t* words, int i) {
   constexpr int per_word = 32 / bits;
   return (words[i / per_word] >> (bits * (i % per_word))) & ((1u << bits) - 1);
+}
+
+// The `count` codes of `words`, decoded and scaled, as U.
+template <int bits, int count, typename U>
+inline void decode_scaled(
+    const thread uint32_t* words, float scale, thread U* out) {
+  for (int i = 0; i < count; ++i) {
+    out[i] = static_cast<U>(
+        float(decode_code<bits>(code_at<bits>(words, i))) * scale);
+  }
+}
+
+// A group scale that a run of lanes shares: the run's leader reads it (when
+// `valid`), simd_shuffle hands it to the others. Every lane must call it.
+inline float shared_group_scale(
+    GroupScales scales, int64_t index, bool valid, ushort lane, ushort leader) {
+  float scale = 0.0f;
+  if (valid && lane == leader) {
+    scale = scales[index];
+  }
+  return simd_shuffle(scale, leader);
 }
 
 }  // namespace fpqmm

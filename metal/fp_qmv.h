@@ -16,17 +16,16 @@ using namespace metal;
 // each reading 8 bytes of every owned row per step, and the partial dot
 // products meet in simd_sum.
 template <typename T, int bits, int rows, int outputs>
-[[kernel]] void fp_qmv(
-    FPQMM_BUFFERS(T),
-    uint3 tgid [[threadgroup_position_in_grid]],
-    ushort simdgroup [[simdgroup_index_in_threadgroup]],
-    ushort lane [[thread_index_in_simdgroup]]) {
+inline void fp_qmv_impl(
+    Operands<T> op, uint2 tgid, ushort simdgroup, ushort lane) {
   constexpr int codes_per_lane = kQmvBytesPerLane * 8 / bits;  // 16 or 8
   constexpr int words_per_lane = kQmvBytesPerLane / 4;
   constexpr int step = kSimdSize * codes_per_lane;
   static_assert(rows <= kSimdSize, "lane r writes x row r");
 
-  Operands<T> op = FPQMM_OPERANDS(T, tgid.z);
+  const int M = op.M;
+  const int N = op.N;
+  const int K = op.K;
   const int first_output = (int(tgid.x) * kQmvSimdgroups + simdgroup) * outputs;
   const int first_row = int(tgid.y) * rows;
   const int valid_rows = min(rows, M - first_row);
@@ -47,20 +46,18 @@ template <typename T, int bits, int rows, int outputs>
     for (int o = 0; o < outputs; ++o) {
       const int n = first_output + o;
       const bool valid = lane_in_k && n < N;
-      float scale = 0.0f;
-      if (valid && lane == group_leader) {
-        scale = op.scales[int64_t(n) * groups_per_row + k / group_size];
-      }
-      scale = simd_shuffle(scale, group_leader);
+      const float scale = shared_group_scale(
+          op.scales,
+          int64_t(n) * groups_per_row + k / group_size,
+          valid,
+          lane,
+          group_leader);
       uint32_t packed[words_per_lane] = {};
       if (valid) {
         load_words<words_per_lane>(
             op.w + int64_t(n) * words_per_row + k * bits / 32, packed);
       }
-      for (int i = 0; i < codes_per_lane; ++i) {
-        weights[o][i] =
-            float(decode_code<bits>(code_at<bits>(packed, i))) * scale;
-      }
+      decode_scaled<bits, codes_per_lane>(packed, scale, weights[o]);
     }
 
     for (int r = 0; r < rows; ++r) {
@@ -99,17 +96,19 @@ template <typename T, int bits, int rows, int outputs>
 // simdgroups of a threadgroup take turns over blocks of 32 rows of K and add
 // their partial sums in threadgroup memory at the end.
 template <typename T, int bits>
-[[kernel]] void fp_qvm(
-    FPQMM_BUFFERS(T),
-    threadgroup float* partials [[threadgroup(0)]],
-    uint3 tgid [[threadgroup_position_in_grid]],
-    ushort simdgroup [[simdgroup_index_in_threadgroup]],
-    ushort lane [[thread_index_in_simdgroup]]) {
+inline void fp_qvm_impl(
+    Operands<T> op,
+    threadgroup float* partials,
+    uint2 tgid,
+    ushort simdgroup,
+    ushort lane) {
   constexpr int columns = kQvmColumnsPerLane;
   constexpr int rows = kQvmRows;
   constexpr int words_per_lane = columns * bits / 32;
 
-  Operands<T> op = FPQMM_OPERANDS(T, tgid.z);
+  const int M = op.M;
+  const int N = op.N;
+  const int K = op.K;
   const int column = (int(tgid.x) * kSimdSize + lane) * columns;
   const bool column_valid = column < N;  // N is a multiple of 16: whole chunks
   const int first_row = int(tgid.y) * rows;
@@ -135,20 +134,19 @@ template <typename T, int bits>
     const int block_rows = min(kSimdSize, K - k_block);
     for (int j = 0; j < block_rows; ++j) {
       const int k = k_block + j;
-      float scale = 0.0f;
-      if (column_valid && lane == group_leader) {
-        scale = op.scales[int64_t(k) * groups_per_row + column / group_size];
-      }
-      scale = simd_shuffle(scale, group_leader);
+      const float scale = shared_group_scale(
+          op.scales,
+          int64_t(k) * groups_per_row + column / group_size,
+          column_valid,
+          lane,
+          group_leader);
       uint32_t packed[words_per_lane] = {};
       if (column_valid) {
         load_words<words_per_lane>(
             op.w + int64_t(k) * words_per_row + column * bits / 32, packed);
       }
       float weights[columns];
-      for (int c = 0; c < columns; ++c) {
-        weights[c] = float(decode_code<bits>(code_at<bits>(packed, c))) * scale;
-      }
+      decode_scaled<bits, columns>(packed, scale, weights);
       for (int r = 0; r < rows; ++r) {
         float x_value = simd_shuffle(x_block[r], ushort(j));
         for (int c = 0; c < columns; ++c) {
@@ -182,6 +180,27 @@ template <typename T, int bits>
       op.y[int64_t(first_row + r) * N + column + c] = static_cast<T>(total);
     }
   }
+}
+
+template <typename T, int bits, int rows, int outputs>
+[[kernel]] void fp_qmv(
+    FPQMM_BUFFERS(T),
+    uint3 tgid [[threadgroup_position_in_grid]],
+    ushort simdgroup [[simdgroup_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]]) {
+  const Operands<T> op = batch_operands<T>(FPQMM_BUFFER_NAMES, tgid.z);
+  fp_qmv_impl<T, bits, rows, outputs>(op, tgid.xy, simdgroup, lane);
+}
+
+template <typename T, int bits>
+[[kernel]] void fp_qvm(
+    FPQMM_BUFFERS(T),
+    threadgroup float* partials [[threadgroup(0)]],
+    uint3 tgid [[threadgroup_position_in_grid]],
+    ushort simdgroup [[simdgroup_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]]) {
+  const Operands<T> op = batch_operands<T>(FPQMM_BUFFER_NAMES, tgid.z);
+  fp_qvm_impl<T, bits>(op, partials, tgid.xy, simdgroup, lane);
 }
 
 }  // namespace fpqmm

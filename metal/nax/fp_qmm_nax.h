@@ -15,7 +15,7 @@
 #include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
 #include <metal_stdlib>
 
-#include "fp_common.h"
+#include "fp_loaders.h"
 
 namespace fpqmm {
 
@@ -80,16 +80,53 @@ inline void nax_multiply_accumulate(
   }
 }
 
-// y = x @ W^T with W (N, K) grouped along K; K a multiple of 16.
+// A lane's elements of accumulator fragment c (16 x 32) at (row, col) of y,
+// those inside M x N: element 8 f + 4 r + j sits at row 8 r, column
+// 16 f + j from the lane's origin.
+template <typename T>
+inline void nax_store_accumulator(
+    const thread float (&c)[16],
+    device T* y,
+    int M,
+    int N,
+    int row,
+    int col,
+    ushort2 origin) {
+  const bool vector_store = N % 4 == 0;
+  for (int f = 0; f < 2; ++f) {
+    for (int r = 0; r < 2; ++r) {
+      const int element_row = row + origin.y + 8 * r;
+      const int element_col = col + 16 * f + origin.x;
+      if (element_row >= M) {
+        continue;
+      }
+      vec<T, 4> values;
+      for (int j = 0; j < 4; ++j) {
+        values[j] = static_cast<T>(c[8 * f + 4 * r + j]);
+      }
+      device T* destination = y + int64_t(element_row) * N + element_col;
+      if (vector_store && element_col + 4 <= N) {
+        *(device vec<T, 4>*)destination = values;
+      } else {
+        for (int j = 0; j < 4 && element_col + j < N; ++j) {
+          destination[j] = values[j];
+        }
+      }
+    }
+  }
+}
+
+// One BM x 64 tile of y = x @ W^T at `tile` (column block, row block), with W
+// (N, K) grouped along K; K a multiple of 16.
 template <typename T, int bits, int BM>
-[[kernel]] void fp_qmm_nax(
-    FPQMM_BUFFERS(T),
-    threadgroup T* x_tile [[threadgroup(0)]],
-    threadgroup bfloat* w_tile [[threadgroup(1)]],
-    uint3 tgid [[threadgroup_position_in_grid]],
-    ushort thread_index [[thread_index_in_threadgroup]],
-    ushort simdgroup [[simdgroup_index_in_threadgroup]],
-    ushort lane [[thread_index_in_simdgroup]]) {
+inline void fp_qmm_nax_impl(
+    Operands<T> op,
+    threadgroup T* x_tile,
+    threadgroup bfloat* w_tile,
+    uint2 tile,
+    ushort thread_index,
+    ushort simdgroup,
+    ushort lane) {
   constexpr int BN = kNaxBlockN;
   constexpr int BK = kNaxBlockK;
   constexpr int x_stride = padded_row(BK, sizeof(T));
@@ -98,22 +135,16 @@ template <typename T, int bits, int BM>
   constexpr int fragments_m = simdgroup_rows / 16;
   constexpr int simdgroup_cols = BN / 2;
   static_assert(simdgroup_cols == 32, "one matmul2d step spans the columns");
-  // x loader: thread i moves chunk i % 8 (8 values) of rows i / 8, + 16, ...
-  constexpr int x_chunk = 8;
-  constexpr int x_chunks_per_row = BK / x_chunk;
-  constexpr int x_rows_per_pass = kNaxThreads / x_chunks_per_row;
-  // W loader: thread i dequantizes codes [32 (i % 2), + 32) of tile row
-  // i / 2, in units of 16 (K, and so a block's extent, is a multiple of 16).
-  constexpr int w_threads_per_row = kNaxThreads / BN;
-  constexpr int w_codes_per_thread = BK / w_threads_per_row;
-  constexpr int unit = 16;
-  constexpr int units = w_codes_per_thread / unit;
-  constexpr int words_per_unit = unit * bits / 32;
-  static_assert(w_threads_per_row * BN == kNaxThreads, "one pass per W tile");
 
-  Operands<T> op = FPQMM_OPERANDS(T, tgid.z);
-  const int row0 = int(tgid.y) * BM;
-  const int col0 = int(tgid.x) * BN;
+  const int M = op.M;
+  const int N = op.N;
+  const int K = op.K;
+  const int row0 = int(tile.y) * BM;
+  const int col0 = int(tile.x) * BN;
+  XTileLoader<T, BM, BK, kNaxThreads, 8, x_stride> x_loader(thread_index);
+  // Units of 16 codes: K, and so a block's extent, is a multiple of 16.
+  QuantizedTileLoader<bfloat, bits, BN, BK, kNaxThreads, 16, w_stride> w_loader(
+      op.w, op.scales, N, K, thread_index, lane);
 
   // Row fragments holding any valid output; the others are never computed,
   // so small M and N tails cost no wasted matmul2d steps. The x rows those
@@ -123,84 +154,20 @@ template <typename T, int bits, int BM>
   const int active_m = clamp((M - row0 - sg_row + 15) / 16, 0, fragments_m);
   const bool active = active_m > 0 && col0 + sg_col < N;
   const int x_rows_used = min(BM, (M - row0 + 15) / 16 * 16);
-  const int x_row = thread_index / x_chunks_per_row;
-  const int x_k = thread_index % x_chunks_per_row * x_chunk;
-
-  // Rows of W past N are zeroed in the tile (their codes stay 0).
-  const int w_tile_row = thread_index / w_threads_per_row;
-  const int w_row = col0 + w_tile_row;
-  const bool w_row_valid = w_row < N;
-  const int w_first_code =
-      thread_index % w_threads_per_row * w_codes_per_thread;
-  const int words_per_row = K * bits / 32;
-  const int groups_per_row = K / group_size;
 
   const ushort2 origin = nax_fragment_origin(lane);
   float acc[fragments_m][16] = {};
-  float unit_scales[units] = {};
 
   for (int k0 = 0; k0 < K; k0 += BK) {
     const int k_extent = min(BK, K - k0);
-    // Each scale is read once per tile: by the thread whose unit starts its
-    // group; units of the same group copy it, and a group wider than a
-    // thread's codes is handed to the row's other thread (or kept across
-    // blocks).
+    // A thread keeps its rows of W, so a group wider than the block keeps
+    // its scales across blocks.
     if (k0 % group_size < BK) {
-      for (int u = 0; u < units; ++u) {
-        const int code = k0 + w_first_code + u * unit;
-        if (code % group_size == 0) {
-          if (w_row_valid && code < K) {
-            unit_scales[u] =
-                op.scales[int64_t(w_row) * groups_per_row + code / group_size];
-          }
-        } else if (u > 0) {
-          unit_scales[u] = unit_scales[u - 1];
-        }
-      }
-      if (group_size > w_codes_per_thread) {
-        const float shared =
-            simd_shuffle(unit_scales[0], lane - lane % w_threads_per_row);
-        for (int u = 0; u < units; ++u) {
-          unit_scales[u] = shared;
-        }
-      }
+      w_loader.load_scales(col0, k0);
     }
-
     threadgroup_barrier(mem_flags::mem_threadgroup);  // last block's steps
-    if (x_k < k_extent) {
-      for (int r = x_row; r < x_rows_used; r += x_rows_per_pass) {
-        const int row = row0 + r;
-        threadgroup T* destination = x_tile + r * x_stride + x_k;
-        for (int i = 0; i < x_chunk; i += 4) {
-          *(threadgroup vec<T, 4>*)(destination + i) =
-              row < M ? *(const device vec<T, 4>*)(op.x + int64_t(row) * K +
-                                                   k0 + x_k + i)
-                      : vec<T, 4>(T(0));
-        }
-      }
-    }
-    for (int u = 0; u < units; ++u) {
-      const int k = w_first_code + u * unit;
-      if (k >= k_extent) {
-        break;
-      }
-      uint32_t packed[words_per_unit] = {};
-      if (w_row_valid) {
-        load_words<words_per_unit>(
-            op.w + int64_t(w_row) * words_per_row + (k0 + k) * bits / 32,
-            packed);
-      }
-      threadgroup bfloat* destination = w_tile + w_tile_row * w_stride + k;
-      for (int i = 0; i < unit; i += 4) {
-        vec<bfloat, 4> values;
-        for (int j = 0; j < 4; ++j) {
-          values[j] = bfloat(
-              float(decode_code<bits>(code_at<bits>(packed, i + j))) *
-              unit_scales[u]);
-        }
-        *(threadgroup vec<bfloat, 4>*)(destination + i) = values;
-      }
-    }
+    x_loader.load(x_tile, op.x, M, K, row0, k0, x_rows_used);
+    w_loader.load(w_tile, col0, k0, k_extent);
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
     if (active) {
@@ -213,47 +180,35 @@ template <typename T, int bits, int BM>
               w_stride,
               origin);
         }
-        for (int i = 0; i < fragments_m; ++i) {
-          if (i < active_m) {
-            T a[8];
-            load_fragment(
-                a,
-                x_tile + (sg_row + 16 * i) * x_stride + kk,
-                x_stride,
-                origin);
-            nax_multiply_accumulate(acc[i], a, b);
-          }
+        for (int i = 0; i < active_m; ++i) {
+          T a[8];
+          load_fragment(
+              a, x_tile + (sg_row + 16 * i) * x_stride + kk, x_stride, origin);
+          nax_multiply_accumulate(acc[i], a, b);
         }
       }
     }
   }
 
-  // Destination element 8 f + 4 r + j: row 8 r, column 16 f + j from origin.
   // Fragments that were never computed lie wholly past M or N.
-  const bool vector_store = N % 4 == 0;
   for (int i = 0; i < fragments_m; ++i) {
-    for (int f = 0; f < 2; ++f) {
-      for (int r = 0; r < 2; ++r) {
-        const int row = row0 + sg_row + 16 * i + origin.y + 8 * r;
-        const int col = col0 + sg_col + 16 * f + origin.x;
-        if (row >= M) {
-          continue;
-        }
-        vec<T, 4> values;
-        for (int j = 0; j < 4; ++j) {
-          values[j] = static_cast<T>(acc[i][8 * f + 4 * r + j]);
-        }
-        device T* destination = op.y + int64_t(row) * N + col;
-        if (vector_store && col + 4 <= N) {
-          *(device vec<T, 4>*)destination = values;
-        } else {
-          for (int j = 0; j < 4 && col + j < N; ++j) {
-            destination[j] = values[j];
-          }
-        }
-      }
-    }
+    nax_store_accumulator(
+        acc[i], op.y, M, N, row0 + sg_row + 16 * i, col0 + sg_col, origin);
   }
+}
+
+template <typename T, int bits, int BM>
+[[kernel]] void fp_qmm_nax(
+    FPQMM_BUFFERS(T),
+    threadgroup T* x_tile [[threadgroup(0)]],
+    threadgroup bfloat* w_tile [[threadgroup(1)]],
+    uint3 tgid [[threadgroup_position_in_grid]],
+    ushort thread_index [[thread_index_in_threadgroup]],
+    ushort simdgroup [[simdgroup_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]]) {
+  const Operands<T> op = batch_operands<T>(FPQMM_BUFFER_NAMES, tgid.z);
+  fp_qmm_nax_impl<T, bits, BM>(
+      op, x_tile, w_tile, tgid.xy, thread_index, simdgroup, lane);
 }
 
 }  // namespace fpqmm
