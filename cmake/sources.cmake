@@ -8,6 +8,7 @@ set(FPQMM_SOURCES
   csrc/ops.cpp
   csrc/primitives.cpp
   csrc/cpu/blas.cpp
+  csrc/cpu/gather.cpp
   csrc/cpu/kernels.cpp
   csrc/cpu/primitives.cpp
   csrc/cpu/qmm.cpp

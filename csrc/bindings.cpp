@@ -168,6 +168,75 @@ NB_MODULE(_ext, m) {
       )pbdoc");
 
   m.def(
+      "gather_qmm",
+      &mlx_fpqmm::gather_qmm,
+      nb::arg(),
+      nb::arg(),
+      "scales"_a,
+      "biases"_a = nb::none(),
+      "lhs_indices"_a = nb::none(),
+      "rhs_indices"_a = nb::none(),
+      "transpose"_a = true,
+      "group_size"_a = nb::none(),
+      "bits"_a = nb::none(),
+      "mode"_a = "affine",
+      "global_scale"_a = nb::none(),
+      nb::kw_only(),
+      "sorted_indices"_a = false,
+      "stream"_a = nb::none(),
+      nb::sig(
+          "def gather_qmm(x: mlx.core.array, w: mlx.core.array, /, "
+          "scales: mlx.core.array, "
+          "biases: typing.Optional[mlx.core.array] = None, "
+          "lhs_indices: typing.Optional[mlx.core.array] = None, "
+          "rhs_indices: typing.Optional[mlx.core.array] = None, "
+          "transpose: bool = True, group_size: typing.Optional[int] = None, "
+          "bits: typing.Optional[int] = None, mode: str = 'affine', "
+          "global_scale: typing.Optional[mlx.core.array] = None, *, "
+          "sorted_indices: bool = False, "
+          "stream: typing.Union[None, mlx.core.Stream, mlx.core.Device] = "
+          "None) -> mlx.core.array"),
+      R"pbdoc(
+        Drop-in replacement for ``mx.gather_qmm``: quantized matmul with
+        matrix-level gather (the mixture-of-experts product).
+
+        For each index pair, ``x[lhs_indices] @ dequantize(w[rhs_indices]).T``
+        (without ``.T`` when ``transpose`` is ``False``). The indices are
+        cast to uint32 and broadcast together; a missing one is an arange
+        over the batch of ``x`` or ``w``; with neither this is
+        :func:`quantized_matmul`. The result has shape
+        ``broadcast(lhs_indices, rhs_indices).shape + (M, N)`` and ``x``'s
+        dtype. The fp modes run on mlx_fpqmm's kernels, ``affine`` on
+        MLX's. Beyond MLX: ``global_scale`` (one per expert, nvfp4) works
+        on the CPU too, ``transpose=False`` is supported, and
+        ``sorted_indices`` is only a speed hint (unsorted indices still
+        give right results). A pair whose index is out of range gets NaN
+        rows.
+
+        Args:
+            x (array): Input of float32, float16 or bfloat16, ``(..., M, K)``.
+            w (array): Packed codes ``(..., N, K * bits / 32)``: one matrix
+              per expert.
+            scales (array): Their group scales.
+            biases (array, optional): Must be ``None`` in fp modes.
+            lhs_indices (array, optional): Integer indices into the batch of
+              ``x``.
+            rhs_indices (array, optional): Integer indices into the batch of
+              ``w`` (the experts).
+            transpose (bool, optional): Multiply with the transpose of each
+              matrix. Default: ``True``.
+            group_size (int, optional): Default: the mode's.
+            bits (int, optional): Checked against the mode when given.
+            mode (str, optional): Default: ``"affine"``.
+            global_scale (array, optional): ``nvfp4`` only: float32, one value
+              per expert (``w``'s batch shape) or one for all.
+            sorted_indices (bool, optional): ``rhs_indices`` are sorted.
+
+        Returns:
+            array: The products, one ``(M, N)`` matrix per index pair.
+      )pbdoc");
+
+  m.def(
       "quantize",
       &mlx_fpqmm::quantize,
       nb::arg(),

@@ -530,4 +530,206 @@ mx::array dequantize(
       w, scales, format, resolved_group_size, dtype, mx::to_stream(s));
 }
 
+namespace {
+
+int64_t batch_size(const mx::array& a) {
+  int64_t size = 1;
+  for (int axis = 0; axis + 2 < static_cast<int>(a.ndim()); ++axis) {
+    size *= a.shape(axis);
+  }
+  return size;
+}
+
+// The indices as uint32 (as MLX casts them), or an arange over the batch of
+// `operand` when absent.
+mx::array index_array(
+    std::string_view op,
+    std::string_view name,
+    const std::optional<mx::array>& indices,
+    const mx::array& operand,
+    mx::Stream s) {
+  if (!indices) {
+    auto range =
+        mx::arange(static_cast<int>(batch_size(operand)), mx::uint32, s);
+    return mx::reshape(range, batch_shape(operand), s);
+  }
+  if (!mx::issubdtype(indices->dtype(), mx::integer)) {
+    fail(
+        op,
+        std::string(name) + " must be an integer array but received " +
+            dtype_string(indices->dtype()) + ".");
+  }
+  return mx::astype(*indices, mx::uint32, s);
+}
+
+}  // namespace
+
+mx::array gather_qmm(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& biases,
+    const std::optional<mx::array>& lhs_indices,
+    const std::optional<mx::array>& rhs_indices,
+    bool transpose,
+    std::optional<int> group_size,
+    std::optional<int> bits,
+    const std::string& mode,
+    const std::optional<mx::array>& global_scale,
+    bool sorted_indices,
+    mx::StreamOrDevice s) {
+  if (mode == "affine") {
+    return mx::gather_qmm(
+        x,
+        w,
+        scales,
+        biases,
+        lhs_indices,
+        rhs_indices,
+        transpose,
+        group_size,
+        bits,
+        mode,
+        global_scale,
+        sorted_indices,
+        s);
+  }
+  constexpr std::string_view op = "gather_qmm";
+  const auto& format = resolve_format(op, mode, kAllModes);
+  if (biases) {
+    fail(op, "biases must be None for quantization mode '" + mode + "'.");
+  }
+  if (bits && *bits != format.bits) {
+    fail(
+        op,
+        "bits=" + std::to_string(*bits) + " is not supported for mode '" +
+            mode + "'; expected " + std::to_string(format.bits) + ".");
+  }
+  if (!lhs_indices && !rhs_indices) {
+    return fp_qmm_checked(
+        op, x, w, scales, global_scale, format, group_size, transpose, s);
+  }
+  int resolved_group_size = resolve_group_size(op, format, group_size);
+  if (!is_supported_float(x.dtype())) {
+    fail(
+        op,
+        "x must be float32, float16 or bfloat16 but received " +
+            dtype_string(x.dtype()) + ".");
+  }
+  if (x.ndim() < 2) {
+    fail(
+        op,
+        "x must have at least 2 dimensions (..., M, K) but received shape " +
+            shape_string(x.shape()) + ".");
+  }
+  int quantized_length =
+      check_packed_weights(op, format, resolved_group_size, w, scales);
+  int K = transpose ? quantized_length : w.shape(-2);
+  if (x.shape(-1) != K) {
+    fail(
+        op,
+        "The last dimension of x (" + std::to_string(x.shape(-1)) +
+            ") must equal K=" + std::to_string(K) + " of w with shape " +
+            shape_string(w.shape()) +
+            " (transpose=" + (transpose ? "True" : "False") + ").");
+  }
+  int64_t experts = batch_size(w);
+  if (global_scale) {
+    if (format.mode != Mode::nvfp4) {
+      fail(
+          op,
+          "global_scale is only supported for mode 'nvfp4' but mode is '" +
+              mode + "'.");
+    }
+    if (global_scale->dtype() != mx::float32) {
+      fail(
+          op,
+          "global_scale must be float32 but received " +
+              dtype_string(global_scale->dtype()) + ".");
+    }
+    if (global_scale->size() != 1 && global_scale->shape() != batch_shape(w)) {
+      fail(
+          op,
+          "global_scale must hold one value or have w's batch shape " +
+              shape_string(batch_shape(w)) + " but received shape " +
+              shape_string(global_scale->shape()) + ".");
+    }
+  }
+
+  auto stream = mx::to_stream(s);
+  auto lhs = index_array(op, "lhs_indices", lhs_indices, x, stream);
+  auto rhs = index_array(op, "rhs_indices", rhs_indices, w, stream);
+  mx::Shape index_shape;
+  try {
+    index_shape = mx::broadcast_shapes(lhs.shape(), rhs.shape());
+  } catch (const std::invalid_argument&) {
+    fail(
+        op,
+        "lhs_indices of shape " + shape_string(lhs.shape()) +
+            " and rhs_indices of shape " + shape_string(rhs.shape()) +
+            " cannot be broadcast.");
+  }
+  auto flat_indices = [&](const mx::array& indices) {
+    return mx::flatten(mx::broadcast_to(indices, index_shape, stream), stream);
+  };
+  // Row-contiguous matrices with the batch folded into one axis: a pair's
+  // operands are then whole matrices at index * matrix size.
+  auto as_batch = [&](const mx::array& a, int64_t batch) {
+    return mx::contiguous(
+        mx::reshape(
+            a, {static_cast<int>(batch), a.shape(-2), a.shape(-1)}, stream),
+        false,
+        stream);
+  };
+  std::optional<mx::array> expert_scales;
+  if (global_scale) {
+    expert_scales = mx::contiguous(
+        mx::broadcast_to(
+            mx::flatten(*global_scale, stream),
+            {static_cast<int>(experts)},
+            stream),
+        false,
+        stream);
+  }
+  auto out = fp_gather_qmm_unchecked(
+      as_batch(x, batch_size(x)),
+      as_batch(w, experts),
+      as_batch(scales, experts),
+      flat_indices(lhs),
+      flat_indices(rhs),
+      expert_scales,
+      format.mode,
+      resolved_group_size,
+      transpose,
+      sorted_indices && !lhs_indices,
+      stream);
+  auto out_shape = index_shape;
+  out_shape.push_back(out.shape(-2));
+  out_shape.push_back(out.shape(-1));
+  return mx::reshape(out, out_shape, stream);
+}
+
+mx::array fp_gather_qmm_unchecked(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& lhs_indices,
+    const mx::array& rhs_indices,
+    const std::optional<mx::array>& global_scale,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    bool right_sorted,
+    mx::Stream stream) {
+  std::vector<mx::array> inputs = {
+      mx::contiguous(x, false, stream), w, scales, lhs_indices, rhs_indices};
+  if (global_scale) {
+    inputs.push_back(*global_scale);
+  }
+  auto primitive = std::make_shared<FpGatherQuantizedMatmul>(
+      stream, mode, group_size, transpose, right_sorted);
+  auto shape = primitive->output_shapes(inputs)[0];
+  return mx::array(std::move(shape), x.dtype(), primitive, std::move(inputs));
+}
+
 }  // namespace mlx_fpqmm

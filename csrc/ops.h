@@ -47,6 +47,23 @@ mx::array quantized_matmul(
     const std::string& mode = "affine",
     mx::StreamOrDevice s = {});
 
+// Same signature and results as mx::gather_qmm; fp modes run on our
+// primitive (global_scale of shape (E,) on every device), "affine" is MLX's.
+mx::array gather_qmm(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& biases = std::nullopt,
+    const std::optional<mx::array>& lhs_indices = std::nullopt,
+    const std::optional<mx::array>& rhs_indices = std::nullopt,
+    bool transpose = true,
+    std::optional<int> group_size = std::nullopt,
+    std::optional<int> bits = std::nullopt,
+    const std::string& mode = "affine",
+    const std::optional<mx::array>& global_scale = std::nullopt,
+    bool sorted_indices = false,
+    mx::StreamOrDevice s = {});
+
 std::vector<mx::array> quantize(
     const mx::array& w,
     std::optional<int> group_size,
@@ -73,6 +90,21 @@ mx::array fp_qmm_unchecked(
     Mode mode,
     int group_size,
     bool transpose,
+    mx::Stream stream);
+
+// Builds the gather primitive on validated inputs: x (Bx, M, K), w and scales
+// (E, ...), lhs_indices and rhs_indices (B,) uint32, global_scale (E,).
+mx::array fp_gather_qmm_unchecked(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& lhs_indices,
+    const mx::array& rhs_indices,
+    const std::optional<mx::array>& global_scale,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    bool right_sorted,
     mx::Stream stream);
 
 }  // namespace mlx_fpqmm

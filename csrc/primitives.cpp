@@ -2,7 +2,10 @@
 // transforms (written with ops, on the primitive's stream).
 #include "primitives.h"
 
+#include <limits>
 #include <stdexcept>
+
+#include "mlx/ops.h"
 
 #include "ops.h"
 
@@ -82,6 +85,101 @@ std::vector<mx::array> FpQuantizedMatmul::jvp(
       mode_,
       group_size_,
       transpose_,
+      stream())};
+}
+
+namespace {
+
+std::optional<mx::array> expert_scales_input(
+    const std::vector<mx::array>& inputs) {
+  if (inputs.size() > 5) {
+    return inputs[5];
+  }
+  return std::nullopt;
+}
+
+void check_gather_argnums(
+    const char* transform, const std::vector<int>& argnums) {
+  for (int argnum : argnums) {
+    if (argnum != 0) {
+      throw std::invalid_argument(
+          std::string("[FpGatherQuantizedMatmul::") + transform +
+          "] No derivative with respect to the quantized weights, scales, "
+          "indices or global scale (argument " +
+          std::to_string(argnum) + "); only x is differentiable.");
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<mx::Shape> FpGatherQuantizedMatmul::output_shapes(
+    const std::vector<mx::array>& inputs) {
+  const auto& x = inputs[0];
+  const auto& w = inputs[1];
+  int n = transpose_ ? w.shape(-2)
+                     : w.shape(-1) * format_for(mode_).elements_per_word();
+  return {{inputs[3].shape(0), x.shape(-2), n}};
+}
+
+bool FpGatherQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& rhs = static_cast<const FpGatherQuantizedMatmul&>(other);
+  return state() == rhs.state();
+}
+
+std::vector<mx::array> FpGatherQuantizedMatmul::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>&) {
+  check_gather_argnums("vjp", argnums);
+  const auto& x = primals[0];
+  const auto& lhs = primals[3];
+  const auto& cotangent = cotangents[0];
+  auto s = stream();
+  // Per pair, cotangent @ W (the same weights with transpose flipped), then
+  // summed into the rows of x each pair read.
+  auto pairs = mx::arange(cotangent.shape(0), mx::uint32, s);
+  auto per_pair = fp_gather_qmm_unchecked(
+      cotangent,
+      primals[1],
+      primals[2],
+      pairs,
+      primals[4],
+      expert_scales_input(primals),
+      mode_,
+      group_size_,
+      !transpose_,
+      false,
+      s);
+  // A pair whose x index is out of range (its output was NaN) adds NaN to
+  // row 0 rather than writing out of bounds.
+  auto valid = mx::less(lhs, mx::array(x.shape(0), mx::uint32), s);
+  auto rows = mx::where(valid, lhs, mx::array(0, mx::uint32), s);
+  auto updates = mx::where(
+      mx::reshape(valid, {-1, 1, 1, 1}, s),
+      mx::expand_dims(per_pair, 1, s),
+      mx::array(std::numeric_limits<float>::quiet_NaN(), per_pair.dtype()),
+      s);
+  return {mx::scatter_add(mx::zeros_like(x, s), {rows}, updates, {0}, s)};
+}
+
+std::vector<mx::array> FpGatherQuantizedMatmul::jvp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& tangents,
+    const std::vector<int>& argnums) {
+  check_gather_argnums("jvp", argnums);
+  return {fp_gather_qmm_unchecked(
+      tangents[0],
+      primals[1],
+      primals[2],
+      primals[3],
+      primals[4],
+      expert_scales_input(primals),
+      mode_,
+      group_size_,
+      transpose_,
+      right_sorted_,
       stream())};
 }
 

@@ -35,10 +35,21 @@ constant bool has_global_scale [[function_constant(FPQMM_CONSTANT_HAS_GLOBAL_SCA
       [[buffer(FPQMM_BUFFER_W_BATCH_STRIDES)]],                               \
       constant int64_t *scales_batch_strides                                  \
       [[buffer(FPQMM_BUFFER_SCALES_BATCH_STRIDES)]]
+// The extra buffers of the gather kernels.
+#define FPQMM_GATHER_BUFFERS                                                   \
+  const device uint32_t *lhs_indices [[buffer(FPQMM_BUFFER_LHS_INDICES)]],     \
+      const device uint32_t *rhs_indices [[buffer(FPQMM_BUFFER_RHS_INDICES)]], \
+      constant int &x_matrices [[buffer(FPQMM_BUFFER_X_MATRICES)]],            \
+      constant int &w_matrices [[buffer(FPQMM_BUFFER_W_MATRICES)]]
 // The names FPQMM_BUFFERS declares, in batch_operands' order.
 #define FPQMM_BUFFER_NAMES                                          \
   w, scales, global_scale, x, y, M, N, K, batch_ndims, batch_shape, \
       x_batch_strides, w_batch_strides, scales_batch_strides
+// The names gather_operands takes from FPQMM_BUFFERS and
+// FPQMM_GATHER_BUFFERS, in its order.
+#define FPQMM_GATHER_NAMES                                          \
+  w, scales, global_scale, x, y, M, N, K, lhs_indices, rhs_indices, \
+      x_matrices, w_matrices
 
 // The matrices of one product and their shape: y (M x N) = x (M x K) times
 // W (N x K, transpose) or W (K x N).
@@ -91,6 +102,47 @@ inline Operands<T> batch_operands(
       group_scales,
       x + x_offset,
       y + int64_t(batch) * M * N,
+      M,
+      N,
+      K};
+}
+
+// The operands of gather pair `pair`: x matrix lhs_indices[pair] and W
+// matrix rhs_indices[pair] (with its global scale); y is contiguous. A pair
+// whose index is out of range reads matrix 0 with a NaN scale factor, so its
+// outputs are NaN and nothing is read out of bounds.
+template <typename T, int bits>
+inline Operands<T> gather_operands(
+    const device uint32_t* w,
+    const device uint8_t* scales,
+    const device float* global_scale,
+    const device T* x,
+    device T* y,
+    int M,
+    int N,
+    int K,
+    const device uint32_t* lhs_indices,
+    const device uint32_t* rhs_indices,
+    int x_matrices,
+    int w_matrices,
+    uint pair) {
+  uint lhs = lhs_indices[pair];
+  uint rhs = rhs_indices[pair];
+  const bool valid = lhs < uint(x_matrices) && rhs < uint(w_matrices);
+  lhs = valid ? lhs : 0;
+  rhs = valid ? rhs : 0;
+  const int64_t codes = int64_t(N) * K;
+  float factor =
+      has_global_scale ? global_scale[rhs] / kNvfp4GlobalScaleDivisor : 1.0f;
+  GroupScales group_scales{
+      scales + rhs * (codes / group_size) * scale_itemsize(scale_encoding),
+      scale_encoding,
+      valid ? factor : as_type<float>(0x7fc00000u)};  // quiet NaN
+  return {
+      w + rhs * (codes * bits / 32),
+      group_scales,
+      x + lhs * (int64_t(M) * K),
+      y + int64_t(pair) * M * N,
       M,
       N,
       K};

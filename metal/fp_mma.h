@@ -181,4 +181,19 @@ template <typename T, int bits, int BM, bool transpose>
       op, x_tile, w_tile, tgid.xy, thread_index, simdgroup, lane);
 }
 
+template <typename T, int bits, int BM, bool transpose>
+[[kernel]] void fp_gather_qmm(
+    FPQMM_BUFFERS(T),
+    FPQMM_GATHER_BUFFERS,
+    threadgroup T* x_tile [[threadgroup(0)]],
+    threadgroup T* w_tile [[threadgroup(1)]],
+    uint3 tgid [[threadgroup_position_in_grid]],
+    ushort thread_index [[thread_index_in_threadgroup]],
+    ushort simdgroup [[simdgroup_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]]) {
+  const Operands<T> op = gather_operands<T, bits>(FPQMM_GATHER_NAMES, tgid.z);
+  fp_qmm_impl<T, bits, BM, transpose>(
+      op, x_tile, w_tile, tgid.xy, thread_index, simdgroup, lane);
+}
+
 }  // namespace fpqmm

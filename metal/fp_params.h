@@ -27,6 +27,12 @@ namespace fpqmm {
 #define FPQMM_BUFFER_X_BATCH_STRIDES 10       // in elements
 #define FPQMM_BUFFER_W_BATCH_STRIDES 11       // in uint32 words
 #define FPQMM_BUFFER_SCALES_BATCH_STRIDES 12  // in scale elements
+// Gather kernels (mixture of experts): pair z multiplies x matrix
+// lhs_indices[z] with W matrix rhs_indices[z]; the counts bound the indices.
+#define FPQMM_BUFFER_LHS_INDICES 13
+#define FPQMM_BUFFER_RHS_INDICES 14
+#define FPQMM_BUFFER_X_MATRICES 15
+#define FPQMM_BUFFER_W_MATRICES 16
 #define FPQMM_CONSTANT_GROUP_SIZE 100
 #define FPQMM_CONSTANT_SCALE_ENCODING 101
 #define FPQMM_CONSTANT_HAS_GLOBAL_SCALE 102

@@ -1,4 +1,5 @@
-// Every kernel of the base metallib, as fpqmm_<kernel>_bm<rows>_<codes>_<type>:
+// Every kernel of the base metallib, as fpqmm_<kernel>_bm<rows>_<codes>_<type>
+// and, for the gather (mixture-of-experts) variants, fpqmm_gather_<kernel>...:
 //   qmv_bm8, qmv_bm32  decode, y = x @ W^T (up to 8 / 32 rows of x per pass)
 //   qvm_bm4            decode, y = x @ W
 //   mma_t_bm32, _bm64  simdgroup-matrix tiles, y = x @ W^T
@@ -11,15 +12,20 @@
 namespace fpqmm {
 
 // clang-format off
-#define FPQMM_INSTANTIATE_ALL(type_name, T, codes, bits)                                         \
-  FPQMM_INSTANTIATE("fpqmm_qmv_bm8_" #codes "_" #type_name,                                      \
-                    fp_qmv, T, bits, kQmvSmallRows, kQmvSmallOutputs)                            \
-  FPQMM_INSTANTIATE("fpqmm_qmv_bm32_" #codes "_" #type_name,                                     \
-                    fp_qmv, T, bits, kQmvLargeRows, kQmvLargeOutputs)                            \
-  FPQMM_INSTANTIATE("fpqmm_qvm_bm4_" #codes "_" #type_name, fp_qvm, T, bits)                     \
-  FPQMM_INSTANTIATE("fpqmm_mma_t_bm32_" #codes "_" #type_name, fp_qmm, T, bits, 32, true)        \
-  FPQMM_INSTANTIATE("fpqmm_mma_t_bm64_" #codes "_" #type_name, fp_qmm, T, bits, 64, true)        \
-  FPQMM_INSTANTIATE("fpqmm_mma_n_bm32_" #codes "_" #type_name, fp_qmm, T, bits, 32, false)
+#define FPQMM_INSTANTIATE_FAMILIES(prefix, qmv, qvm, qmm, type_name, T, codes, bits)                  \
+  FPQMM_INSTANTIATE(prefix "qmv_bm8_" #codes "_" #type_name,                                         \
+                    qmv, T, bits, kQmvSmallRows, kQmvSmallOutputs)                                   \
+  FPQMM_INSTANTIATE(prefix "qmv_bm32_" #codes "_" #type_name,                                        \
+                    qmv, T, bits, kQmvLargeRows, kQmvLargeOutputs)                                   \
+  FPQMM_INSTANTIATE(prefix "qvm_bm4_" #codes "_" #type_name, qvm, T, bits)                           \
+  FPQMM_INSTANTIATE(prefix "mma_t_bm32_" #codes "_" #type_name, qmm, T, bits, 32, true)              \
+  FPQMM_INSTANTIATE(prefix "mma_t_bm64_" #codes "_" #type_name, qmm, T, bits, 64, true)              \
+  FPQMM_INSTANTIATE(prefix "mma_n_bm32_" #codes "_" #type_name, qmm, T, bits, 32, false)
+
+#define FPQMM_INSTANTIATE_ALL(type_name, T, codes, bits)                                              \
+  FPQMM_INSTANTIATE_FAMILIES("fpqmm_", fp_qmv, fp_qvm, fp_qmm, type_name, T, codes, bits)             \
+  FPQMM_INSTANTIATE_FAMILIES(                                                                        \
+      "fpqmm_gather_", fp_gather_qmv, fp_gather_qvm, fp_gather_qmm, type_name, T, codes, bits)
 
 FPQMM_FOR_TYPES_AND_CODES(FPQMM_INSTANTIATE_ALL)
 // clang-format on

@@ -203,4 +203,28 @@ template <typename T, int bits>
   fp_qvm_impl<T, bits>(op, partials, tgid.xy, simdgroup, lane);
 }
 
+// The gather (mixture-of-experts) variants: grid z walks the index pairs.
+template <typename T, int bits, int rows, int outputs>
+[[kernel]] void fp_gather_qmv(
+    FPQMM_BUFFERS(T),
+    FPQMM_GATHER_BUFFERS,
+    uint3 tgid [[threadgroup_position_in_grid]],
+    ushort simdgroup [[simdgroup_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]]) {
+  const Operands<T> op = gather_operands<T, bits>(FPQMM_GATHER_NAMES, tgid.z);
+  fp_qmv_impl<T, bits, rows, outputs>(op, tgid.xy, simdgroup, lane);
+}
+
+template <typename T, int bits>
+[[kernel]] void fp_gather_qvm(
+    FPQMM_BUFFERS(T),
+    FPQMM_GATHER_BUFFERS,
+    threadgroup float* partials [[threadgroup(0)]],
+    uint3 tgid [[threadgroup_position_in_grid]],
+    ushort simdgroup [[simdgroup_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]]) {
+  const Operands<T> op = gather_operands<T, bits>(FPQMM_GATHER_NAMES, tgid.z);
+  fp_qvm_impl<T, bits>(op, partials, tgid.xy, simdgroup, lane);
+}
+
 }  // namespace fpqmm

@@ -10,6 +10,7 @@ is already quantized (e.g. one loaded by mlx-lm).
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,9 +29,30 @@ __all__ = [
     "ConversionReport",
     "QuantizedEmbedding",
     "QuantizedLinear",
+    "QuantizedSwitchLinear",
     "convert",
     "quantize",
 ]
+
+# mlx-lm's switch layers, where mlx-lm is imported (a model holding them implies it is).
+_SWITCH_LAYERS = "mlx_lm.models.switch_layers"
+
+
+def __getattr__(name: str):
+    # QuantizedSwitchLinear subclasses mlx-lm's layer: importing it imports mlx-lm.
+    if name == "QuantizedSwitchLinear":
+        from ._switch import QuantizedSwitchLinear
+
+        return QuantizedSwitchLinear
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _switch_layer_classes() -> tuple[type, type] | None:
+    """mlx-lm's ``(SwitchLinear, QuantizedSwitchLinear)`` if mlx-lm is loaded."""
+    module = sys.modules.get(_SWITCH_LAYERS)
+    if module is None:
+        return None
+    return module.SwitchLinear, module.QuantizedSwitchLinear
 
 
 def _resolve_mode(mode: str, group_size: int | None, bits: int | None) -> tuple[int, int]:
@@ -277,11 +299,11 @@ def quantize(
     (``group_size``, ``bits``, ``mode``, ``global_scale``; as in MLX, a dict without
     ``mode`` means ``"affine"``).
 
-    :obj:`mlx.nn.Linear` and :obj:`mlx.nn.Embedding` layers (and subclasses that keep their
-    ``to_quantized``) in an fp mode become :class:`QuantizedLinear` /
-    :class:`QuantizedEmbedding`. Everything else (``affine``, quantized activations, other
-    layer types such as mlx-lm's ``SwitchLinear``) is left to the module's own
-    ``to_quantized``.
+    :obj:`mlx.nn.Linear` and :obj:`mlx.nn.Embedding` layers and mlx-lm's ``SwitchLinear``
+    experts (and subclasses that keep their ``to_quantized``) in an fp mode become
+    :class:`QuantizedLinear`, :class:`QuantizedEmbedding` and :class:`QuantizedSwitchLinear`.
+    Everything else (``affine``, quantized activations, other layer types) is left to the
+    module's own ``to_quantized``.
 
     Args:
         model (mlx.nn.Module): The model whose leaf modules may be quantized.
@@ -325,6 +347,11 @@ def quantize(
         if layer_mode in FORMATS and "quantize_input" not in params:
             # Only where MLX's own to_quantized would build an nn.QuantizedLinear/Embedding.
             from_float = _FROM_FLOAT.get(getattr(type(m), "to_quantized", None))
+            switch = _switch_layer_classes()
+            if from_float is None and switch and type(m).to_quantized is switch[0].to_quantized:
+                from ._switch import QuantizedSwitchLinear
+
+                from_float = QuantizedSwitchLinear.from_switch_linear
             if from_float is not None:
                 return from_float(m, **params)
             if FORMATS[layer_mode]["scales"] == "float":
@@ -367,11 +394,13 @@ class ConversionReport:
 def convert(model: nn.Module) -> ConversionReport:
     """Swap the fp-mode quantized layers of an already quantized model for mlx_fpqmm's.
 
-    Every :obj:`mlx.nn.QuantizedLinear` and :obj:`mlx.nn.QuantizedEmbedding` (exactly
-    those classes, not subclasses) in mode ``mxfp4``, ``nvfp4`` or ``mxfp8`` becomes a
-    :class:`QuantizedLinear` / :class:`QuantizedEmbedding` that shares its arrays (nothing
-    is copied) and keeps its frozen parameters and training mode. ``affine`` layers and
-    other quantized layers (e.g. mlx-lm's ``QuantizedSwitchLinear``) are left alone. The
+    Every :obj:`mlx.nn.QuantizedLinear`, :obj:`mlx.nn.QuantizedEmbedding` and mlx-lm
+    ``QuantizedSwitchLinear`` (the experts of mixture-of-experts models; exactly those
+    classes, not subclasses) in mode ``mxfp4``, ``nvfp4`` or ``mxfp8`` becomes a
+    :class:`QuantizedLinear`, :class:`QuantizedEmbedding` or :class:`QuantizedSwitchLinear`
+    that shares its arrays (nothing is copied) and keeps its frozen parameters and training
+    mode. ``affine`` layers and other quantized layers (e.g. ``nn.QQLinear``) are left
+    alone. The
     model is updated in place; the outputs stay the same up to float rounding.
 
     Args:
@@ -390,6 +419,11 @@ def convert(model: nn.Module) -> ConversionReport:
         raise TypeError(f"convert expects an mlx.nn.Module but received {type(model).__name__}.")
     report = ConversionReport()
     ours = {nn.QuantizedLinear: QuantizedLinear, nn.QuantizedEmbedding: QuantizedEmbedding}
+    switch = _switch_layer_classes()
+    if switch:
+        from ._switch import QuantizedSwitchLinear
+
+        ours[switch[1]] = QuantizedSwitchLinear
 
     def _maybe_convert(path: str, m: nn.Module) -> nn.Module:
         cls = ours.get(type(m))
@@ -397,7 +431,7 @@ def convert(model: nn.Module) -> ConversionReport:
             report.converted[path] = m.mode
             return cls.from_quantized(m)
         if "scales" in m:
-            if isinstance(m, (QuantizedLinear, QuantizedEmbedding)):
+            if type(m) in ours.values():
                 report.skipped[path] = "already mlx_fpqmm"
             elif cls is not None:
                 report.skipped[path] = f"{m.mode} mode"

@@ -104,6 +104,17 @@ void FpQuantizedMatmul::eval_gpu(
 
 namespace mlx_fpqmm {
 
+void FpGatherQuantizedMatmul::eval_gpu(
+    const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error(
+      "[FpGatherQuantizedMatmul] This build of mlx_fpqmm has no Metal kernels"
+#ifdef MLX_FPQMM_NO_METAL_KERNELS
+      " (it was built with MLX_FPQMM_METAL=OFF)"
+#endif
+      "; run the op on the CPU with stream=mx.cpu (or "
+      "mx.set_default_device(mx.cpu)).");
+}
+
 void FpQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   throw std::runtime_error(
       "[FpQuantizedMatmul] This build of mlx_fpqmm has no Metal kernels"

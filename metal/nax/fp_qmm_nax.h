@@ -211,4 +211,19 @@ template <typename T, int bits, int BM>
       op, x_tile, w_tile, tgid.xy, thread_index, simdgroup, lane);
 }
 
+template <typename T, int bits, int BM>
+[[kernel]] void fp_gather_qmm_nax(
+    FPQMM_BUFFERS(T),
+    FPQMM_GATHER_BUFFERS,
+    threadgroup T* x_tile [[threadgroup(0)]],
+    threadgroup bfloat* w_tile [[threadgroup(1)]],
+    uint3 tgid [[threadgroup_position_in_grid]],
+    ushort thread_index [[thread_index_in_threadgroup]],
+    ushort simdgroup [[simdgroup_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]]) {
+  const Operands<T> op = gather_operands<T, bits>(FPQMM_GATHER_NAMES, tgid.z);
+  fp_qmm_nax_impl<T, bits, BM>(
+      op, x_tile, w_tile, tgid.xy, thread_index, simdgroup, lane);
+}
+
 }  // namespace fpqmm

@@ -1,0 +1,131 @@
+"""The mixture-of-experts layer: mlx-lm's ``QuantizedSwitchLinear`` on mlx_fpqmm's ops.
+
+Imported on first use of :obj:`mlx_fpqmm.nn.QuantizedSwitchLinear`, so mlx-lm stays an
+optional dependency of mlx_fpqmm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import switch_layers
+
+from ._ext import gather_qmm
+from ._ext import quantize as _quantize
+from .nn import _resolve_mode, _wrap
+
+__all__ = ["QuantizedSwitchLinear"]
+
+
+class QuantizedSwitchLinear(switch_layers.QuantizedSwitchLinear):
+    """mlx-lm's ``QuantizedSwitchLinear`` (the experts of ``SwitchGLU`` / ``SwitchMLP``)
+    multiplying on :func:`mlx_fpqmm.gather_qmm`.
+
+    Same parameters as mlx-lm's layer (``weight`` (E, N, K * bits / 32) uint32, ``scales``,
+    optional ``bias`` (E, N), optional ``global_scale`` (E,)) and the same
+    ``__call__(x, indices, sorted_indices=False)``, in all five modes; ``nvfp4`` with
+    ``global_scale=True`` gives each expert its own tensor scale.
+
+    Args:
+        input_dims (int): The dimensionality of the input features.
+        output_dims (int): The dimensionality of the output features.
+        num_experts (int): The number of experts.
+        bias (bool, optional): Give each expert a bias. Default: ``True``.
+        group_size (Optional[int]): The group size. Default: ``None`` (the mode's).
+        bits (Optional[int]): The bit width, implied by ``mode``. Default: ``None``.
+        mode (str): One of ``"mxfp4"``, ``"nvfp4"``, ``"mxfp8"``, ``"fp4"``, ``"fp8"``.
+            Default: ``"mxfp4"``.
+        global_scale (bool): ``nvfp4`` only: a tensor scale per expert. Default: ``False``.
+    """
+
+    def __init__(
+        self,
+        input_dims: int,
+        output_dims: int,
+        num_experts: int,
+        bias: bool = True,
+        group_size: int | None = None,
+        bits: int | None = None,
+        mode: str = "mxfp4",
+        global_scale: bool = False,
+    ) -> None:
+        scale = math.sqrt(1 / input_dims)
+        weight = mx.random.uniform(
+            low=-scale, high=scale, shape=(num_experts, output_dims, input_dims)
+        )
+        self._setup(weight, group_size, bits, mode, global_scale)
+        if bias:
+            self.bias = mx.zeros((num_experts, output_dims))
+
+    def _setup(
+        self,
+        weight: mx.array,
+        group_size: int | None,
+        bits: int | None,
+        mode: str,
+        global_scale: bool,
+    ) -> None:
+        nn.Module.__init__(self)
+        self.group_size, self.bits = _resolve_mode(mode, group_size, bits)
+        self.mode = mode
+        self._quantize(weight, global_scale)
+        self.freeze()
+
+    def _quantize(self, weight: mx.array, global_scale: bool = False) -> None:
+        self.biases = None
+        self.global_scale = None
+        if not global_scale:
+            self.weight, self.scales = _quantize(weight, self.group_size, mode=self.mode)
+            return
+        if self.mode != "nvfp4":
+            raise ValueError(f"A global scale needs mode 'nvfp4' but mode is '{self.mode}'.")
+        scales = mx.max(mx.abs(weight), axis=(-2, -1)).astype(mx.float32)
+        experts = [
+            _quantize(weight[e], self.group_size, mode=self.mode, global_scale=scales[e])
+            for e in range(weight.shape[0])
+        ]
+        self.weight = mx.stack([w for w, _ in experts])
+        self.scales = mx.stack([s for _, s in experts])
+        self.global_scale = scales
+
+    def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
+        x = gather_qmm(
+            x,
+            self["weight"],
+            self["scales"],
+            rhs_indices=indices,
+            transpose=True,
+            group_size=self.group_size,
+            mode=self.mode,
+            global_scale=self.get("global_scale"),
+            sorted_indices=sorted_indices,
+        )
+        if "bias" in self:
+            x = x + mx.expand_dims(self["bias"][indices], -2)
+        return x
+
+    @classmethod
+    def from_switch_linear(
+        cls,
+        layer: switch_layers.SwitchLinear,
+        group_size: int | None = None,
+        bits: int | None = None,
+        mode: str = "mxfp4",
+        global_scale: bool = False,
+    ) -> QuantizedSwitchLinear:
+        """Quantize a float ``SwitchLinear`` (its experts and bias)."""
+        quantized = cls.__new__(cls)
+        quantized._setup(layer.weight, group_size, bits, mode, global_scale)
+        if "bias" in layer:
+            quantized.bias = layer.bias
+        return quantized
+
+    @classmethod
+    def from_quantized(cls, layer: switch_layers.QuantizedSwitchLinear) -> QuantizedSwitchLinear:
+        """The same layer on mlx_fpqmm's op, sharing ``layer``'s arrays."""
+        quantized = _wrap(cls, layer)
+        if "global_scale" not in quantized:
+            quantized.global_scale = None
+        return quantized
