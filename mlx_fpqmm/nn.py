@@ -29,7 +29,7 @@ __all__ = [
     "ConversionReport",
     "QuantizedEmbedding",
     "QuantizedLinear",
-    "QuantizedSwitchLinear",
+    "QuantizedSwitchLinear",  # noqa: F822 (module __getattr__: imports mlx-lm)
     "convert",
     "quantize",
 ]
