@@ -659,9 +659,10 @@ mx::array gather_qmm(
   auto stream = mx::to_stream(s);
   auto lhs = index_array(op, "lhs_indices", lhs_indices, x, stream);
   auto rhs = index_array(op, "rhs_indices", rhs_indices, w, stream);
-  mx::Shape index_shape;
+  std::vector<mx::array> indices;
   try {
-    index_shape = mx::broadcast_shapes(lhs.shape(), rhs.shape());
+    // broadcast_arrays (not broadcast_to): shapeless compilation re-infers it.
+    indices = mx::broadcast_arrays({lhs, rhs}, stream);
   } catch (const std::invalid_argument&) {
     fail(
         op,
@@ -669,44 +670,25 @@ mx::array gather_qmm(
             " and rhs_indices of shape " + shape_string(rhs.shape()) +
             " cannot be broadcast.");
   }
-  auto flat_indices = [&](const mx::array& indices) {
-    return mx::flatten(mx::broadcast_to(indices, index_shape, stream), stream);
-  };
-  // Row-contiguous matrices with the batch folded into one axis: a pair's
-  // operands are then whole matrices at index * matrix size.
-  auto as_batch = [&](const mx::array& a, int64_t batch) {
-    return mx::contiguous(
-        mx::reshape(
-            a, {static_cast<int>(batch), a.shape(-2), a.shape(-1)}, stream),
-        false,
-        stream);
-  };
   std::optional<mx::array> expert_scales;
   if (global_scale) {
-    expert_scales = mx::contiguous(
-        mx::broadcast_to(
-            mx::flatten(*global_scale, stream),
-            {static_cast<int>(experts)},
-            stream),
-        false,
+    expert_scales = mx::broadcast_to(
+        mx::flatten(*global_scale, stream),
+        {static_cast<int>(experts)},
         stream);
   }
-  auto out = fp_gather_qmm_unchecked(
-      as_batch(x, batch_size(x)),
-      as_batch(w, experts),
-      as_batch(scales, experts),
-      flat_indices(lhs),
-      flat_indices(rhs),
+  return fp_gather_qmm_unchecked(
+      x,
+      w,
+      scales,
+      indices[0],
+      indices[1],
       expert_scales,
       format.mode,
       resolved_group_size,
       transpose,
       sorted_indices && !lhs_indices,
       stream);
-  auto out_shape = index_shape;
-  out_shape.push_back(out.shape(-2));
-  out_shape.push_back(out.shape(-1));
-  return mx::reshape(out, out_shape, stream);
 }
 
 mx::array fp_gather_qmm_unchecked(
@@ -721,10 +703,19 @@ mx::array fp_gather_qmm_unchecked(
     bool transpose,
     bool right_sorted,
     mx::Stream stream) {
+  // Row-contiguous arrays: a pair's operands are then whole matrices at
+  // index * matrix size, and the indices are read in order.
+  auto contiguous = [&](const mx::array& a) {
+    return mx::contiguous(a, false, stream);
+  };
   std::vector<mx::array> inputs = {
-      mx::contiguous(x, false, stream), w, scales, lhs_indices, rhs_indices};
+      contiguous(x),
+      contiguous(w),
+      contiguous(scales),
+      contiguous(lhs_indices),
+      contiguous(rhs_indices)};
   if (global_scale) {
-    inputs.push_back(*global_scale);
+    inputs.push_back(contiguous(*global_scale));
   }
   auto primitive = std::make_shared<FpGatherQuantizedMatmul>(
       stream, mode, group_size, transpose, right_sorted);

@@ -92,8 +92,9 @@ mx::array fp_qmm_unchecked(
     bool transpose,
     mx::Stream stream);
 
-// Builds the gather primitive on validated inputs: x (Bx, M, K), w and scales
-// (E, ...), lhs_indices and rhs_indices (B,) uint32, global_scale (E,).
+// Builds the gather primitive on validated inputs: x (..., M, K), w and
+// scales (..., R, C) with E matrices, lhs_indices and rhs_indices uint32 of
+// one shape (the pairs), global_scale (E,).
 mx::array fp_gather_qmm_unchecked(
     const mx::array& x,
     const mx::array& w,

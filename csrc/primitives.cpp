@@ -119,7 +119,10 @@ std::vector<mx::Shape> FpGatherQuantizedMatmul::output_shapes(
   const auto& w = inputs[1];
   int n = transpose_ ? w.shape(-2)
                      : w.shape(-1) * format_for(mode_).elements_per_word();
-  return {{inputs[3].shape(0), x.shape(-2), n}};
+  auto shape = inputs[3].shape();
+  shape.push_back(x.shape(-2));
+  shape.push_back(n);
+  return {shape};
 }
 
 bool FpGatherQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
@@ -138,8 +141,9 @@ std::vector<mx::array> FpGatherQuantizedMatmul::vjp(
   const auto& cotangent = cotangents[0];
   auto s = stream();
   // Per pair, cotangent @ W (the same weights with transpose flipped), then
-  // summed into the rows of x each pair read.
-  auto pairs = mx::arange(cotangent.shape(0), mx::uint32, s);
+  // summed into the x matrices the pairs read.
+  auto pairs = mx::reshape(
+      mx::arange(static_cast<int>(lhs.size()), mx::uint32, s), lhs.shape(), s);
   auto per_pair = fp_gather_qmm_unchecked(
       cotangent,
       primals[1],
@@ -152,16 +156,28 @@ std::vector<mx::array> FpGatherQuantizedMatmul::vjp(
       !transpose_,
       false,
       s);
+  if (x.size() == 0) {
+    return {mx::zeros_like(x, s)};
+  }
+  int x_matrices = x.size() / (x.shape(-1) * x.shape(-2));
   // A pair whose x index is out of range (its output was NaN) adds NaN to
-  // row 0 rather than writing out of bounds.
-  auto valid = mx::less(lhs, mx::array(x.shape(0), mx::uint32), s);
-  auto rows = mx::where(valid, lhs, mx::array(0, mx::uint32), s);
+  // matrix 0 rather than writing out of bounds.
+  auto flat_lhs = mx::flatten(lhs, s);
+  auto valid = mx::less(flat_lhs, mx::array(x_matrices, mx::uint32), s);
+  auto rows = mx::where(valid, flat_lhs, mx::array(0, mx::uint32), s);
   auto updates = mx::where(
       mx::reshape(valid, {-1, 1, 1, 1}, s),
-      mx::expand_dims(per_pair, 1, s),
+      mx::reshape(per_pair, {-1, 1, x.shape(-2), x.shape(-1)}, s),
       mx::array(std::numeric_limits<float>::quiet_NaN(), per_pair.dtype()),
       s);
-  return {mx::scatter_add(mx::zeros_like(x, s), {rows}, updates, {0}, s)};
+  auto x_shape = x.shape();
+  auto grad = mx::scatter_add(
+      mx::zeros({x_matrices, x.shape(-2), x.shape(-1)}, x.dtype(), s),
+      {rows},
+      updates,
+      {0},
+      s);
+  return {mx::reshape(grad, x_shape, s)};
 }
 
 std::vector<mx::array> FpGatherQuantizedMatmul::jvp(

@@ -55,10 +55,11 @@ namespace mlx_fpqmm {
 
 // FpGatherQuantizedMatmul: for each pair b, y[b] = x[lhs[b]] @ dequant(
 // w[rhs[b]]).T (or without .T), the mixture-of-experts product behind
-// mx.gather_qmm. Inputs: x (Bx, M, K), w (E, ...), scales (E, ...),
-// lhs_indices (B,) and rhs_indices (B,) as uint32 and, for nvfp4 with global
-// scales, global_scale (E,). Output (B, M, N). A pair with an index out of
-// range gets NaN rows.
+// mx.gather_qmm. Inputs, all row-contiguous: x (..., M, K) and w, scales
+// (..., R, C), indexed by their flattened batch; lhs_indices and rhs_indices
+// uint32 of one shape (the pairs); for nvfp4 with global scales,
+// global_scale (E,). Output: the pairs' shape + (M, N). A pair with an index
+// out of range gets NaN rows.
 class FpGatherQuantizedMatmul : public mx::UnaryPrimitive {
  public:
   FpGatherQuantizedMatmul(

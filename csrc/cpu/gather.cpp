@@ -73,17 +73,21 @@ void FpGatherQuantizedMatmul::eval_cpu(
     const uint32_t* rhs = inputs[4].data<uint32_t>();
     const float* expert_scales =
         inputs.size() > 5 ? inputs[5].data<float>() : nullptr;
-    const int64_t pairs = out.shape(0);
-    const int64_t M = out.shape(1);
-    const int64_t N = out.shape(2);
-    const int64_t K = x.shape(2);
-    const int64_t x_matrices = x.shape(0);
-    const int64_t experts = w.shape(0);
+    const int64_t pairs = inputs[3].size();
+    const int64_t M = out.shape(-2);
+    const int64_t N = out.shape(-1);
+    const int64_t K = x.shape(-1);
     const int64_t x_size = M * K * x.itemsize();
     const int64_t out_size = M * N * out.itemsize();
-    const int64_t w_size = w.shape(1) * int64_t(w.shape(2)) * w.itemsize();
+    const int64_t w_size = w.shape(-2) * int64_t(w.shape(-1)) * w.itemsize();
     const int64_t scales_size =
-        scales.shape(1) * int64_t(scales.shape(2)) * scales.itemsize();
+        scales.shape(-2) * int64_t(scales.shape(-1)) * scales.itemsize();
+    // The flattened batches of x and w (M * K may be 0).
+    int64_t x_matrices = 1;
+    for (int axis = 0; axis + 2 < static_cast<int>(x.ndim()); ++axis) {
+      x_matrices *= x.shape(axis);
+    }
+    const int64_t experts = w.size() * w.itemsize() / w_size;
     const char* x_data = x.data<char>();
     char* out_data = out.data<char>();
 
