@@ -267,14 +267,8 @@ mx::array fp_qmm_unchecked(
   // x must be row-contiguous (readable_in_place); cotangents reach here as
   // broadcasts, for instance. w and scales already are, or are broadcasts of
   // arrays that are (fp_qmm_checked).
-  std::vector<mx::array> inputs = {mx::contiguous(x, false, stream), w, scales};
-  if (global_scale) {
-    inputs.push_back(*global_scale);
-  }
-  static_assert(
-      static_cast<int>(Input::x) == 0 && static_cast<int>(Input::w) == 1 &&
-      static_cast<int>(Input::scales) == 2 &&
-      static_cast<int>(Input::global_scale) == 3);
+  auto inputs =
+      make_inputs(mx::contiguous(x, false, stream), w, scales, global_scale);
   auto primitive =
       std::make_shared<FpQuantizedMatmul>(stream, mode, group_size, transpose);
   auto shape = primitive->output_shapes(inputs)[0];

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <array>
+#include <optional>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "mlx/primitives.h"
@@ -19,6 +21,24 @@ enum class Input { x, w, scales, global_scale };
 
 inline constexpr std::array<std::string_view, 4> kInputNames = {
     "x", "w", "scales", "global_scale"};
+
+// The inputs in that order (global_scale last, when there is one).
+inline std::vector<mx::array> make_inputs(
+    mx::array x,
+    mx::array w,
+    mx::array scales,
+    const std::optional<mx::array>& global_scale) {
+  std::vector<mx::array> inputs = {
+      std::move(x), std::move(w), std::move(scales)};
+  if (global_scale) {
+    inputs.push_back(*global_scale);
+  }
+  return inputs;
+}
+static_assert(
+    static_cast<int>(Input::x) == 0 && static_cast<int>(Input::w) == 1 &&
+    static_cast<int>(Input::scales) == 2 &&
+    static_cast<int>(Input::global_scale) == 3);
 
 inline const mx::array& input(
     const std::vector<mx::array>& inputs, Input which) {
