@@ -4,7 +4,6 @@
 
 set(FPQMM_SOURCES
   csrc/bindings.cpp
-  csrc/formats.cpp
   csrc/ops.cpp
   csrc/primitives.cpp
   csrc/cpu/blas.cpp

@@ -30,6 +30,8 @@ nb::list format_table() {
     entry["scales"] = format.scales == mlx_fpqmm::ScaleKind::e8m0   ? "e8m0"
                       : format.scales == mlx_fpqmm::ScaleKind::e4m3 ? "e4m3"
                                                                     : "float";
+    entry["code_max"] = format.code_max;
+    entry["bf16_exact"] = format.bf16_exact;
     table.append(entry);
   }
   return table;

@@ -216,13 +216,12 @@ mx::array fp_qmm_checked(
   }
 
   auto stream = mx::to_stream(s);
-  if (stream.device == mx::Device::gpu) {
-    // The Metal kernels read row-contiguous matrices (any batch strides), and
-    // libmlx does not export its GPU copy to eval_gpu: copy here, before the
-    // batch broadcast, where a copy is needed at all.
-    w = mx::contiguous(w, false, stream);
-    scales = mx::contiguous(scales, false, stream);
-  }
+  // The kernels of every device read inputs in place (readable_in_place in
+  // primitives.h), and libmlx does not export its GPU copy to eval_gpu: copy
+  // here, before the batch broadcast, where a copy is needed at all. x is
+  // made so in fp_qmm_unchecked, which the transforms call too.
+  w = mx::contiguous(w, false, stream);
+  scales = mx::contiguous(scales, false, stream);
   bool vector_input = x.ndim() == 1;
   if (vector_input) {
     x = mx::expand_dims(x, 0, stream);
@@ -265,15 +264,11 @@ mx::array fp_qmm_unchecked(
     int group_size,
     bool transpose,
     mx::Stream stream) {
-  // On the GPU x must be row-contiguous too; cotangents reach here as
-  // broadcasts, for instance.
-  std::vector<mx::array> inputs = {
-      stream.device == mx::Device::gpu ? mx::contiguous(x, false, stream) : x,
-      w,
-      scales};
-  if (global_scale) {
-    inputs.push_back(*global_scale);
-  }
+  // x must be row-contiguous (readable_in_place); cotangents reach here as
+  // broadcasts, for instance. w and scales already are, or are broadcasts of
+  // arrays that are (fp_qmm_checked).
+  auto inputs =
+      make_inputs(mx::contiguous(x, false, stream), w, scales, global_scale);
   auto primitive =
       std::make_shared<FpQuantizedMatmul>(stream, mode, group_size, transpose);
   auto shape = primitive->output_shapes(inputs)[0];
@@ -399,10 +394,9 @@ std::vector<mx::array> quantize_float_scales(
   grouped_shape.back() = K / group_size;
   grouped_shape.push_back(group_size);
   auto grouped = mx::reshape(w, grouped_shape, s);
-  float code_max = format.codes == CodeKind::e2m1 ? 6.0f : 448.0f;
   auto scales = mx::divide(
       mx::max(mx::abs(grouped, s), -1, true, s),
-      mx::array(code_max, w.dtype()),
+      mx::array(format.code_max, w.dtype()),
       s);
   auto scales_f32 = mx::astype(scales, mx::float32, s);
   auto divisor = mx::where(

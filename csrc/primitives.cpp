@@ -15,20 +15,67 @@ namespace {
 
 std::optional<mx::array> global_scale_input(
     const std::vector<mx::array>& inputs) {
-  if (inputs.size() > 3) {
-    return inputs[3];
+  if (has_global_scale(inputs)) {
+    return input(inputs, Input::global_scale);
   }
   return std::nullopt;
 }
 
 }  // namespace
 
+bool readable_in_place(const std::vector<mx::array>& inputs, Input which) {
+  const auto& a = input(inputs, which);
+  if (which == Input::global_scale) {
+    return true;  // one float
+  }
+  if (which == Input::x && folds_rows(inputs)) {
+    return a.flags().row_contiguous;
+  }
+  int rows = a.shape(-2);
+  int cols = a.shape(-1);
+  return (cols <= 1 || a.strides()[a.ndim() - 1] == 1) &&
+         (rows <= 1 || a.strides()[a.ndim() - 2] == cols);
+}
+
+void check_readable_in_place(const std::vector<mx::array>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!readable_in_place(inputs, static_cast<Input>(i))) {
+      throw std::logic_error(
+          "[FpQuantizedMatmul] The kernels need row-contiguous matrices, and "
+          "the op did not make " +
+          std::string(kInputNames[i]) + " so.");
+    }
+  }
+}
+
+FloatType float_type(mx::Dtype dtype) {
+  if (dtype == mx::float32) {
+    return FloatType::float32;
+  }
+  if (dtype == mx::float16) {
+    return FloatType::float16;
+  }
+  if (dtype == mx::bfloat16) {
+    return FloatType::bfloat16;
+  }
+  throw std::invalid_argument(
+      "[FpQuantizedMatmul] x and float scales must be floats.");
+}
+
+ScaleEncoding scale_encoding(Mode mode, const mx::array& scales) {
+  std::optional<FloatType> type;
+  if (format_for(mode).scales == ScaleKind::floating) {
+    type = float_type(scales.dtype());
+  }
+  return mlx_fpqmm::scale_encoding(mode, type);
+}
+
 std::vector<mx::Shape> FpQuantizedMatmul::output_shapes(
     const std::vector<mx::array>& inputs) {
-  const auto& w = inputs[1];
+  const auto& w = input(inputs, Input::w);
   int n = transpose_ ? w.shape(-2)
                      : w.shape(-1) * format_for(mode_).elements_per_word();
-  auto shape = inputs[0].shape();
+  auto shape = input(inputs, Input::x).shape();
   shape.back() = n;
   return {shape};
 }
@@ -45,7 +92,7 @@ std::vector<mx::array> FpQuantizedMatmul::vjp(
     const std::vector<mx::array>&) {
   std::vector<mx::array> grads;
   for (int argnum : argnums) {
-    if (argnum != 0) {
+    if (argnum != static_cast<int>(Input::x)) {
       throw std::invalid_argument(
           "[FpQuantizedMatmul::vjp] No gradient with respect to the "
           "quantized weights, scales or global scale (argument " +
@@ -54,8 +101,8 @@ std::vector<mx::array> FpQuantizedMatmul::vjp(
     // d(x @ W^T)/dx = cotangent @ W: the same weights with transpose flipped.
     grads.push_back(fp_qmm_unchecked(
         cotangents[0],
-        primals[1],
-        primals[2],
+        input(primals, Input::w),
+        input(primals, Input::scales),
         global_scale_input(primals),
         mode_,
         group_size_,
@@ -70,7 +117,7 @@ std::vector<mx::array> FpQuantizedMatmul::jvp(
     const std::vector<mx::array>& tangents,
     const std::vector<int>& argnums) {
   for (int argnum : argnums) {
-    if (argnum != 0) {
+    if (argnum != static_cast<int>(Input::x)) {
       throw std::invalid_argument(
           "[FpQuantizedMatmul::jvp] No derivative with respect to the "
           "quantized weights, scales or global scale (argument " +
@@ -79,8 +126,8 @@ std::vector<mx::array> FpQuantizedMatmul::jvp(
   }
   return {fp_qmm_unchecked(
       tangents[0],
-      primals[1],
-      primals[2],
+      input(primals, Input::w),
+      input(primals, Input::scales),
       global_scale_input(primals),
       mode_,
       group_size_,

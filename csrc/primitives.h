@@ -1,6 +1,11 @@
 // FpQuantizedMatmul: x @ dequant(w).T (or x @ dequant(w)) for the fp formats.
-// Inputs: x, w, scales and, for nvfp4 with a global scale, global_scale.
 #pragma once
+
+#include <array>
+#include <optional>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "mlx/primitives.h"
 
@@ -9,6 +14,61 @@
 namespace mlx_fpqmm {
 
 namespace mx = mlx::core;
+
+// The primitive's inputs, in this order: x, w, scales and, for nvfp4 with a
+// global scale, global_scale.
+enum class Input { x, w, scales, global_scale };
+
+inline constexpr std::array<std::string_view, 4> kInputNames = {
+    "x", "w", "scales", "global_scale"};
+
+// The inputs in that order (global_scale last, when there is one).
+inline std::vector<mx::array> make_inputs(
+    mx::array x,
+    mx::array w,
+    mx::array scales,
+    const std::optional<mx::array>& global_scale) {
+  std::vector<mx::array> inputs = {
+      std::move(x), std::move(w), std::move(scales)};
+  if (global_scale) {
+    inputs.push_back(*global_scale);
+  }
+  return inputs;
+}
+static_assert(
+    static_cast<int>(Input::x) == 0 && static_cast<int>(Input::w) == 1 &&
+    static_cast<int>(Input::scales) == 2 &&
+    static_cast<int>(Input::global_scale) == 3);
+
+inline const mx::array& input(
+    const std::vector<mx::array>& inputs, Input which) {
+  return inputs[static_cast<size_t>(which)];
+}
+
+inline bool has_global_scale(const std::vector<mx::array>& inputs) {
+  return inputs.size() > static_cast<size_t>(Input::global_scale);
+}
+
+// With 2-D weights every leading dimension of x folds into M.
+inline bool folds_rows(const std::vector<mx::array>& inputs) {
+  return input(inputs, Input::w).ndim() == 2;
+}
+
+// The one layout rule of both backends: the kernels read an input in place
+// when its matrices are row-contiguous (all of x when its rows fold into M);
+// batch strides may be anything, broadcasts included. The ops establish it
+// for every device (fp_qmm_unchecked in ops.cpp); eval_cpu and eval_gpu
+// check it.
+bool readable_in_place(const std::vector<mx::array>& inputs, Input which);
+
+// Throws std::logic_error unless every input is readable in place.
+void check_readable_in_place(const std::vector<mx::array>& inputs);
+
+// The float type of x or of float scales; throws for other dtypes.
+FloatType float_type(mx::Dtype dtype);
+
+// How the kernels read the scales input of a `mode` call.
+ScaleEncoding scale_encoding(Mode mode, const mx::array& scales);
 
 class FpQuantizedMatmul : public mx::UnaryPrimitive {
  public:

@@ -25,7 +25,7 @@ print(f"x @ W.T with W {N}x{K}, on {mx.default_device()}")
 print(f"{'mode':6} {'M':>4} {'max |err|':>10} {'mlx_fpqmm ms':>13} {'mx.quantized_matmul ms':>23}")
 for mode in ("mxfp4", "nvfp4", "mxfp8", "fp4", "fp8"):
     w_q, scales = mlx_fpqmm.quantize(w, mode=mode)
-    op = mlx_fpqmm.fp8_qmm if mode in ("mxfp8", "fp8") else mlx_fpqmm.fp4_qmm
+    op = mlx_fpqmm.qmm_for_mode(mode)
     w_ref = mlx_fpqmm.dequantize(w_q, scales, mode=mode, dtype=mx.float32)
     for M in (1, 32):
         x = mx.random.normal((M, K))

@@ -93,10 +93,6 @@ def sgemm_time(n: int = 4096, reps: int = 5) -> Timing:
     return measure(lambda _: a @ b, reps)
 
 
-def op_for(mode: str) -> Callable[..., mx.array]:
-    return mlx_fpqmm.fp8_qmm if mode in ("mxfp8", "fp8") else mlx_fpqmm.fp4_qmm
-
-
 class Extrapolator:
     """Times a slow baseline while it fits the budget, then extrapolates linearly in M."""
 
@@ -143,7 +139,7 @@ def bench_row(
     weights = [(mx.array(np.array(w_q)), mx.array(np.array(scales))) for _ in range(copies)]
     x = mx.random.normal((M, K)).astype(dtype)
     mx.eval(x, weights)
-    op = op_for(mode)
+    op = mlx_fpqmm.qmm_for_mode(mode)
 
     def ours(i: int) -> None:
         w, s = weights[i % copies]

@@ -20,9 +20,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map_with_path
 
-from . import FORMATS
+from . import FORMATS, qmm_for_mode
 from ._ext import dequantize as _dequantize
-from ._ext import fp4_qmm, fp8_qmm
 from ._ext import quantize as _quantize
 
 __all__ = [
@@ -81,17 +80,10 @@ def _quantize_weight(layer: nn.Module, weight: mx.array, global_scale: bool) -> 
 
 def _matmul(layer: nn.Module, x: mx.array) -> mx.array:
     """``x @ dequantize(layer.weight).T`` on mlx_fpqmm's ops."""
-    if layer.bits == 8:
-        return fp8_qmm(x, layer["weight"], layer["scales"], True, layer.group_size, layer.mode)
-    return fp4_qmm(
-        x,
-        layer["weight"],
-        layer["scales"],
-        True,
-        layer.group_size,
-        layer.mode,
-        global_scale=layer.get("global_scale"),
-    )
+    op = qmm_for_mode(layer.mode)
+    global_scale = layer.get("global_scale")
+    extra = {} if global_scale is None else {"global_scale": global_scale}
+    return op(x, layer["weight"], layer["scales"], True, layer.group_size, layer.mode, **extra)
 
 
 _Layer = TypeVar("_Layer", bound=nn.Module)

@@ -61,7 +61,7 @@ def calls(draw):
         scales = mx.full((rows, groups), 0.5).astype(scale_dtype)
         x = mx.ones(draw(shapes) + (groups * group_size,), draw(st.sampled_from(DTYPES[:3])))
         if op in ("fp4_qmm", "fp8_qmm"):
-            op = "fp4_qmm" if format_["bits"] == 4 else "fp8_qmm"
+            op = mlx_fpqmm.qmm_for_mode(mode).__name__
         perturbed = draw(st.sampled_from(["none", "x", "w", "scales", "group_size"]))
         if perturbed == "x":
             x = array(draw)

@@ -63,7 +63,7 @@ def path(request, monkeypatch):
 
 
 def op_for(mode):
-    return mlx_fpqmm.fp4_qmm if BITS[mode] == 4 else mlx_fpqmm.fp8_qmm
+    return mlx_fpqmm.qmm_for_mode(mode)
 
 
 def check(x, w_q, scales, mode, transpose, group_size=None, global_scale=None):

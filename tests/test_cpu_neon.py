@@ -28,9 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPILER = "aarch64-linux-gnu-g++"
 EMULATOR = "qemu-aarch64"
 SOURCES = ["csrc/cpu/testing/kernel_harness.cpp", "csrc/cpu/kernels.cpp", "csrc/cpu/neon.cpp"]
-CODES = {"mxfp4": 0, "nvfp4": 0, "fp4": 0, "mxfp8": 1, "fp8": 1}
-SCALE_TYPES = {"mxfp4": 0, "mxfp8": 0, "nvfp4": 1}
-FLOAT_SCALE_TYPES = {mx.float32: 2, mx.float16: 3, mx.bfloat16: 4}
 OPS = {"dot": 0, "axpy": 1, "dequantize": 2}
 
 
@@ -76,10 +73,11 @@ def run(harness, isa, mode, op, w_q, scales, x=None, global_factor=1.0, group_si
     group_size = group_size or mlx_fpqmm.FORMATS[mode]["default_group_size"]
     rows, words = w_q.shape
     cols = words * 32 // BITS[mode]
-    scale_type = SCALE_TYPES.get(mode, FLOAT_SCALE_TYPES.get(scales.dtype))
+    # The harness maps the names to its format and scale encoding (formats.h).
+    scales_dtype = str(scales.dtype).removeprefix("mlx.core.")
     M = 0 if x is None else x.shape[0]
     header = struct.pack(
-        "<5if3q", BITS[mode], CODES[mode], group_size, scale_type, OPS[op],
+        "<8s8s2if3q", mode.encode(), scales_dtype.encode(), group_size, OPS[op],
         global_factor, rows, cols, M,
     )  # fmt: skip
     payload = header + np.array(w_q).tobytes() + np.array(scales.view(mx.uint8)).tobytes()

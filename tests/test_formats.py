@@ -15,7 +15,7 @@ def one_hot_product(words_per_row, codes, bits, scales, mode, group_size):
     w[:, 0] = np.asarray(codes, dtype=np.uint32)
     K = words_per_row * 32 // bits
     x = mx.zeros((1, K)).at[0, 0].add(1.0)
-    op = mlx_fpqmm.fp4_qmm if bits == 4 else mlx_fpqmm.fp8_qmm
+    op = mlx_fpqmm.qmm_for_mode(mode)
     y = op(x, mx.array(w), scales, group_size=group_size, mode=mode)
     return np.array(y)[0]
 

@@ -5,7 +5,7 @@ import mlx.core as mx
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from reference import ALL_MODES, BITS, TOLERANCE, qmm_reference, relative_error
+from reference import ALL_MODES, TOLERANCE, qmm_reference, relative_error
 
 import mlx_fpqmm
 
@@ -55,7 +55,7 @@ def test_random_problems_match_reference(problem):
         x = mx.random.normal(x_shape[:-1] + (2 * K,)).astype(dtype)[..., ::2]
     else:
         x = mx.random.normal(x_shape).astype(dtype)
-    op = mlx_fpqmm.fp4_qmm if BITS[mode] == 4 else mlx_fpqmm.fp8_qmm
+    op = mlx_fpqmm.qmm_for_mode(mode)
     y = op(x, w_q, scales, transpose=transpose, group_size=group_size, mode=mode)
     expected_batch = np.broadcast_shapes(batch, w_batch) if w_batch else batch
     assert y.shape == expected_batch + (M, N) and y.dtype == dtype

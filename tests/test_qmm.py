@@ -20,7 +20,7 @@ DTYPE_NAMES = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloa
 
 
 def qmm(mode):
-    return mlx_fpqmm.fp4_qmm if BITS[mode] == 4 else mlx_fpqmm.fp8_qmm
+    return mlx_fpqmm.qmm_for_mode(mode)
 
 
 def make_weights(mode, rows, cols, group_size=None, dtype=mx.float32):

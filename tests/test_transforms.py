@@ -9,7 +9,7 @@ import mlx_fpqmm
 
 
 def qmm(mode):
-    return mlx_fpqmm.fp4_qmm if BITS[mode] == 4 else mlx_fpqmm.fp8_qmm
+    return mlx_fpqmm.qmm_for_mode(mode)
 
 
 def weights(mode, rows=24, cols=None):

@@ -98,6 +98,7 @@ const IsaKernels* avx2_kernels() {
       K::dequantize,
       nullptr,
       nullptr,
+      nullptr,
   };
   return &kernels;
 }

@@ -1,6 +1,6 @@
-// AVX-512 kernels (F, BW, VL, VBMI, BF16: Zen 4, Sapphire Rapids and later);
-// this file alone is compiled with those flags and only called after a CPU
-// feature check.
+// AVX-512 kernels (F, BW, VL, DQ, and BF16 for the bf16 kernels: Zen 4,
+// Sapphire Rapids and later); this file alone is compiled with those flags
+// and only called after a CPU feature check.
 #include <immintrin.h>
 
 #include <array>
@@ -9,7 +9,6 @@
 #include <utility>
 
 #include "cpu/simd_kernels.h"
-#include "cpu/thread_pool.h"
 
 namespace mlx_fpqmm::cpu {
 
@@ -107,42 +106,7 @@ struct Avx512Vec {
 using Kernels = SimdKernels<Avx512Vec>;
 
 // ---------------------------------------------------------------------------
-// bfloat16 decoding. Every E2M1 and E4M3 value is exact in bfloat16 (the low
-// 16 bits of its float32 are zero), so the tables are formats.h's, truncated.
-
-constexpr uint16_t bf16_of(float value) {
-  return static_cast<uint16_t>(std::bit_cast<uint32_t>(value) >> 16);
-}
-
-constexpr auto kE2M1Bf16Bytes = [] {
-  std::array<std::array<uint8_t, 16>, 2> bytes{};  // low, high
-  for (int code = 0; code < 16; ++code) {
-    bytes[0][code] = bf16_of(kE2M1Values[code]) & 0xFF;
-    bytes[1][code] = bf16_of(kE2M1Values[code]) >> 8;
-  }
-  return bytes;
-}();
-
-// E4M3 decoding here looks up magnitudes (codes 0..127) and ors in bit 7 as
-// the float sign bit, which formats.h's table agrees with.
-static_assert([] {
-  for (int code = 0; code < 128; ++code) {
-    if (std::bit_cast<uint32_t>(kE4M3Values[code + 128]) !=
-        (std::bit_cast<uint32_t>(kE4M3Values[code]) | 0x80000000u)) {
-      return false;
-    }
-  }
-  return true;
-}());
-
-// Magnitudes only (codes 0..127); bit 7 of a code is its sign bit.
-constexpr auto kE4M3Bf16 = [] {
-  std::array<uint16_t, 128> table{};
-  for (int code = 0; code < 128; ++code) {
-    table[code] = bf16_of(kE4M3Values[code]);
-  }
-  return table;
-}();
+// bfloat16 decoding, with the bf16 code tables of kernels.h.
 
 // 128 E2M1 codes (64 bytes) as four vectors of 32 bf16. In 128-bit lane L,
 // word j of v[0] is element 32L + 2j, of v[1] 32L + 16 + 2j, of v[2] and v[3]
@@ -175,7 +139,8 @@ constexpr int e2m1_step_element(int v, int i) {
 // 32 E4M3 codes (32 bytes) as 32 bf16 in element order: two 64-entry word
 // lookups cover the 128 magnitudes, then the sign bit is or-ed in.
 __m512i decode_bf16_e4m3(const uint8_t* p) {
-  const auto* table = reinterpret_cast<const __m512i*>(kE4M3Bf16.data());
+  const auto* table =
+      reinterpret_cast<const __m512i*>(kE4M3Bf16Magnitudes.data());
   __m512i codes = _mm512_cvtepu8_epi16(
       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   __m512i low = _mm512_permutex2var_epi16(
@@ -490,7 +455,7 @@ MLX_FPQMM_FLATTEN void pack_panel(
         const float* s = scales + i * scale_stride;
         for (int j = 0; j < 2; ++j) {
           float value = code_value(w, row, c + j) * s[(c + j) / w.group_size];
-          pair |= static_cast<uint32_t>(bf16_of(value)) << (16 * j);
+          pair |= static_cast<uint32_t>(bf16_of_exact(value)) << (16 * j);
         }
       }
       panel[(c - k0) / 2 * kPanel + i] = pair;
@@ -563,66 +528,68 @@ constexpr auto kTileKernels = []<size_t... I>(std::index_sequence<I...>) {
 template <int kBits>
 void gemm_bf16_impl(
     const QuantizedMatrix& w,
-    const bf16_bits* x,
+    const bf16_bits* xa,
     int64_t M,
     int64_t n0,
     int64_t n1,
     float* out,
     int64_t ldo) {
   int64_t K = w.cols;
-  // Arranged once, shared by every task (slot 3 of the calling thread).
-  bf16_bits* xa = scratch<bf16_bits>(3, M * K);
-  parallel_for(M, 16, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {
-      arrange_for_gemm<kBits>(x + m * K, K, xa + m * K);
+  int64_t stride = w.groups() + kScalePadding;
+  float* scales = scratch<float>(1, kPanel * stride);
+  uint32_t* panel = scratch<uint32_t>(2, kDepth / 2 * kPanel);
+  for (int64_t n = n0; n < n1; n += kPanel) {
+    int64_t rows = std::min<int64_t>(kPanel, n1 - n);
+    for (int64_t r = 0; r < rows; ++r) {
+      // Scales without the global factor keep the codes exact in bf16; the
+      // factor multiplies the result instead.
+      Kernels::decode_scales(
+          w, n + r, scales + r * stride, 0, w.groups(), false);
     }
-  });
-  // Two panels per task: enough tasks to balance two busy cores.
-  parallel_for(n1 - n0, 2 * kPanel, [&](int64_t t0, int64_t t1) {
-    int64_t stride = w.groups() + kScalePadding;
-    float* scales = scratch<float>(1, kPanel * stride);
-    uint32_t* panel = scratch<uint32_t>(2, kDepth / 2 * kPanel);
-    for (int64_t n = n0 + t0; n < n0 + t1; n += kPanel) {
-      int64_t rows = std::min<int64_t>(kPanel, n0 + t1 - n);
-      for (int64_t r = 0; r < rows; ++r) {
-        // Scales without the global factor keep the codes exact in bf16;
-        // the factor multiplies the result instead.
-        Kernels::decode_scales(
-            w, n + r, scales + r * stride, 0, w.groups(), false);
+    for (int64_t k0 = 0; k0 < K; k0 += kDepth) {
+      int64_t k1 = std::min(K, k0 + kDepth);
+      pack_panel<kBits>(w, n, n + rows, k0, k1, scales, stride, panel);
+      bool first = k0 == 0;
+      float factor = k1 == K ? w.global_factor : 1.0f;
+      for (int64_t m = 0; m < M; m += kRows) {
+        int tile_rows = static_cast<int>(std::min<int64_t>(kRows, M - m));
+        kTileKernels[tile_rows - 1](
+            xa + m * K + k0,
+            K,
+            panel,
+            (k1 - k0) / 2,
+            out + m * ldo + (n - n0),
+            ldo,
+            static_cast<int>(rows),
+            first,
+            factor);
       }
-      for (int64_t k0 = 0; k0 < K; k0 += kDepth) {
-        int64_t k1 = std::min(K, k0 + kDepth);
-        pack_panel<kBits>(w, n, n + rows, k0, k1, scales, stride, panel);
-        bool first = k0 == 0;
-        float factor = k1 == K ? w.global_factor : 1.0f;
-        for (int64_t m = 0; m < M; m += kRows) {
-          int tile_rows = static_cast<int>(std::min<int64_t>(kRows, M - m));
-          kTileKernels[tile_rows - 1](
-              xa + m * K + k0,
-              K,
-              panel,
-              (k1 - k0) / 2,
-              out + m * ldo + (n - n0),
-              ldo,
-              static_cast<int>(rows),
-              first,
-              factor);
-        }
-      }
+    }
+  }
+}
+
+void arrange_x_bf16_entry(
+    const QuantizedMatrix& w,
+    const bf16_bits* x,
+    int64_t rows,
+    bf16_bits* arranged) {
+  with_code_bits(w.bits, [&](auto bits) {
+    for (int64_t m = 0; m < rows; ++m) {
+      arrange_for_gemm<bits>(x + m * w.cols, w.cols, arranged + m * w.cols);
     }
   });
 }
 
 void gemm_bf16_entry(
     const QuantizedMatrix& w,
-    const bf16_bits* x,
+    const bf16_bits* arranged_x,
     int64_t M,
     int64_t n0,
     int64_t n1,
     float* out,
     int64_t ldo) {
   with_code_bits(w.bits, [&](auto bits) {
-    gemm_bf16_impl<bits>(w, x, M, n0, n1, out, ldo);
+    gemm_bf16_impl<bits>(w, arranged_x, M, n0, n1, out, ldo);
   });
 }
 
@@ -635,6 +602,7 @@ const IsaKernels* avx512_kernels() {
       Kernels::axpy,
       Kernels::dequantize,
       dot_bf16_entry,
+      arrange_x_bf16_entry,
       gemm_bf16_entry,
   };
   return &kernels;

@@ -99,25 +99,15 @@ struct ScalarVec {
 
 }  // namespace
 
-static_assert([] {
-  for (int byte = 0; byte < 256; ++byte) {
-    if (e8m0_bits(byte) !=
-        std::bit_cast<uint32_t>(decode_e8m0(static_cast<uint8_t>(byte)))) {
-      return false;
-    }
-  }
-  return true;
-}());
-
 void decode_float_scales(
     const QuantizedMatrix& w, int64_t row, float* dst, int64_t g0, int64_t g1) {
   int64_t first = row * w.groups();
   for (int64_t g = g0; g < g1; ++g) {
-    switch (w.scale_type) {
-      case ScaleType::f16:
+    switch (w.scale_encoding) {
+      case ScaleEncoding::float16:
         dst[g] = half_to_float(load_as<uint16_t>(w.scales, first + g));
         break;
-      case ScaleType::bf16:
+      case ScaleEncoding::bfloat16:
         dst[g] = std::bit_cast<float>(
             static_cast<uint32_t>(load_as<uint16_t>(w.scales, first + g))
             << 16);
@@ -131,7 +121,7 @@ void decode_float_scales(
 
 void* thread_scratch(int slot, size_t bytes) {
   constexpr size_t kAlignment = 64;
-  thread_local std::array<std::vector<std::byte>, 4> buffers;
+  thread_local std::array<std::vector<std::byte>, 3> buffers;
   auto& buffer = buffers.at(slot);
   if (buffer.size() < bytes + kAlignment) {
     buffer.resize(bytes + kAlignment);
@@ -187,6 +177,7 @@ const IsaKernels* portable_kernels() {
       K::dot,
       K::axpy,
       K::dequantize,
+      nullptr,
       nullptr,
       nullptr,
   };

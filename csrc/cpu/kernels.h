@@ -2,6 +2,7 @@
 // build into the standalone cross-ISA test harness (csrc/cpu/testing/).
 #pragma once
 
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -10,8 +11,6 @@
 #include "formats.h"
 
 namespace mlx_fpqmm::cpu {
-
-enum class ScaleType : uint8_t { e8m0, e4m3, f32, f16, bf16 };
 
 // Calls f(std::integral_constant<int, bits>) for a code width of 4 or 8, so
 // kernels templated on the width are instantiated once per width.
@@ -27,14 +26,13 @@ inline void with_code_bits(int bits, F&& f) {
 // A row-major matrix of packed codes, quantized along its rows: `rows` rows of
 // `cols` elements, each row `cols / group_size` groups with one scale each.
 struct QuantizedMatrix {
-  CodeKind codes;
-  int bits;
+  int bits;  // 4: E2M1 codes, 8: E4M3 codes
   int group_size;
   int64_t rows;
   int64_t cols;
   const uint8_t* data;  // rows * cols * bits / 8 bytes
-  const void* scales;   // rows * cols / group_size scales of scale_type
-  ScaleType scale_type;
+  const void* scales;   // rows * cols / group_size scales
+  ScaleEncoding scale_encoding;
   float global_factor;  // multiplies every scale (nvfp4 global scale)
 
   int64_t groups() const {
@@ -53,13 +51,6 @@ inline constexpr int64_t kScalePadding = 16;
 // bf16), times the global factor. Byte scales are decoded in the kernels.
 void decode_float_scales(
     const QuantizedMatrix& w, int64_t row, float* dst, int64_t g0, int64_t g1);
-
-// decode_e8m0's bits without its branch, so that loops over it vectorize
-// (checked equal for every byte in kernels.cpp).
-constexpr uint32_t e8m0_bits(uint8_t byte) {
-  return static_cast<uint32_t>(byte) << 23 | static_cast<uint32_t>(byte == 0)
-                                                 << 22;
-}
 
 // A per-thread buffer of at least `bytes` bytes, 64-byte aligned; `slot`
 // tells apart the buffers one kernel call holds at once. Defined in the
@@ -81,6 +72,56 @@ using bf16_bits = uint16_t;
 inline float bf16_to_float(bf16_bits bits) {
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
 }
+
+// A float that is exact in bfloat16 (the low 16 bits of its float32 are
+// zero) as bfloat16: its upper half.
+constexpr bf16_bits bf16_of_exact(float value) {
+  return static_cast<bf16_bits>(std::bit_cast<uint32_t>(value) >> 16);
+}
+
+// The code tables of formats.h in bfloat16, for the bf16 kernels. Every E2M1
+// and E4M3 value is exact in bfloat16.
+static_assert([] {
+  for (auto codes : {CodeKind::e2m1, CodeKind::e4m3}) {
+    for (float value : code_values(codes)) {
+      if ((std::bit_cast<uint32_t>(value) & 0xFFFF) != 0) {
+        return false;
+      }
+    }
+  }
+  return true;
+}());
+
+// E2M1 values as bfloat16, split into their low and high bytes for 16-entry
+// byte-shuffle lookups.
+inline constexpr auto kE2M1Bf16Bytes = [] {
+  std::array<std::array<uint8_t, 16>, 2> bytes{};  // low, high
+  for (int code = 0; code < 16; ++code) {
+    bytes[0][code] = bf16_of_exact(kE2M1Values[code]) & 0xFF;
+    bytes[1][code] = bf16_of_exact(kE2M1Values[code]) >> 8;
+  }
+  return bytes;
+}();
+
+// E4M3 magnitudes (codes 0..127) as bfloat16; bit 7 of a code is its sign
+// bit, to be or-ed in as the float's.
+inline constexpr auto kE4M3Bf16Magnitudes = [] {
+  std::array<bf16_bits, 128> table{};
+  for (int code = 0; code < 128; ++code) {
+    table[code] = bf16_of_exact(kE4M3Values[code]);
+  }
+  return table;
+}();
+
+static_assert([] {
+  for (int code = 0; code < 128; ++code) {
+    if (std::bit_cast<uint32_t>(kE4M3Values[code + 128]) !=
+        (std::bit_cast<uint32_t>(kE4M3Values[code]) | 0x80000000u)) {
+      return false;
+    }
+  }
+  return true;
+}());
 
 // sum_k x[k] * (code_k * scale_k) over row `row` of W, element by element as
 // the reference dequantizes (scales decoded, `scales[g]` for group g).
@@ -132,8 +173,8 @@ struct IsaKernels {
       float* dst,
       int64_t ld);
 
-  // As dot, with bfloat16 x and bfloat16 dot products; only for formats
-  // whose scaled codes are exact in bfloat16 (bf16_exact).
+  // As dot, with bfloat16 x and bfloat16 dot products (scales applied in
+  // float32, so for every format).
   void (*dot_bf16)(
       const QuantizedMatrix& w,
       const bf16_bits* x,
@@ -143,24 +184,25 @@ struct IsaKernels {
       float* out,
       int64_t ldo);
 
-  // The large-M x @ W^T for bf16_exact formats: W is decoded into packed
-  // bfloat16 panels feeding a bf16 dot-product GEMM kernel.
-  void (*gemm_bf16)(
+  // The large-M x @ W^T for Format::bf16_exact formats, in two steps:
+  // arrange_x_bf16 puts `rows` rows of x (w.cols each) in the order the GEMM
+  // reads them, then gemm_bf16 computes output columns [n0, n1) as dot does
+  // from all M arranged rows: W is decoded into packed bfloat16 panels
+  // feeding a bf16 dot-product GEMM kernel.
+  void (*arrange_x_bf16)(
       const QuantizedMatrix& w,
       const bf16_bits* x,
+      int64_t rows,
+      bf16_bits* arranged);
+  void (*gemm_bf16)(
+      const QuantizedMatrix& w,
+      const bf16_bits* arranged_x,
       int64_t M,
       int64_t n0,
       int64_t n1,
       float* out,
       int64_t ldo);
 };
-
-// E2M1 or E4M3 codes times E8M0 or E4M3 scales are exact in bfloat16 (at most
-// 2 + 4 significant bits), so bf16 dot products lose nothing for these.
-inline bool bf16_exact(const QuantizedMatrix& w) {
-  return w.scale_type == ScaleType::e8m0 ||
-         (w.scale_type == ScaleType::e4m3 && w.codes == CodeKind::e2m1);
-}
 
 // The kernels of each ISA compiled into this build (null when not compiled).
 const IsaKernels* portable_kernels();

@@ -2,7 +2,6 @@
 // arm64 baseline, so this file needs no flags and no run-time check.
 #include <arm_neon.h>
 
-#include <bit>
 #include <cstring>
 
 #include "cpu/simd_kernels.h"
@@ -10,17 +9,6 @@
 namespace mlx_fpqmm::cpu {
 
 namespace {
-
-// E2M1 values as bf16 bytes (exact: the low 16 bits of each float are zero).
-constexpr auto kE2M1Bf16Bytes = [] {
-  std::array<std::array<uint8_t, 16>, 2> bytes{};  // low, high
-  for (int code = 0; code < 16; ++code) {
-    uint32_t bits = std::bit_cast<uint32_t>(kE2M1Values[code]);
-    bytes[0][code] = (bits >> 16) & 0xFF;
-    bytes[1][code] = bits >> 24;
-  }
-  return bytes;
-}();
 
 struct NeonVec {
   using F = float32x4_t;
@@ -88,8 +76,8 @@ struct NeonVec {
         lanes[vgetq_lane_u32(index, 3)]};
     return vld1q_f32(values);
   }
-  // 8 codes from 4 bytes: table lookups give the two upper bytes of each
-  // float, zipped into halfwords and widened.
+  // 8 codes from 4 bytes: lookups in kernels.h's bf16 byte tables give the
+  // two upper bytes of each float, zipped into halfwords and widened.
   static void decode_e2m1(const uint8_t* p, F& even, F& odd) {
     uint32_t word;
     std::memcpy(&word, p, sizeof(word));
@@ -129,6 +117,7 @@ const IsaKernels* neon_kernels() {
       K::dot,
       K::axpy,
       K::dequantize,
+      nullptr,
       nullptr,
       nullptr,
   };

@@ -1,7 +1,5 @@
-// FpQuantizedMatmul on the CPU: lays the inputs out as the kernels expect and
-// runs one kernel call per batch element.
-#include <cstring>
-#include <memory>
+// FpQuantizedMatmul on the CPU: one kernel call per batch element, on inputs
+// the op has made readable in place (readable_in_place in primitives.h).
 #include <vector>
 
 #include "mlx/allocator.h"
@@ -24,66 +22,19 @@ int64_t batch_offset(const mx::array& a, int64_t index) {
   return offset;
 }
 
-bool matrices_row_contiguous(const mx::array& a) {
-  int rows = a.shape(-2);
-  int cols = a.shape(-1);
-  return (cols <= 1 || a.strides()[a.ndim() - 1] == 1) &&
-         (rows <= 1 || a.strides()[a.ndim() - 2] == cols);
+// Batch element `index` of a, whose matrices are row-contiguous.
+const char* matrix(const mx::array& a, int64_t index) {
+  return a.data<char>() + batch_offset(a, index) * a.itemsize();
 }
-
-// A row-contiguous copy of a strided array, made inside the dispatched task.
-std::shared_ptr<std::vector<char>> row_contiguous_copy(const mx::array& a) {
-  size_t item = a.itemsize();
-  auto copy = std::make_shared<std::vector<char>>(a.size() * item);
-  const char* src = a.data<char>();
-  std::vector<int> index(a.ndim(), 0);
-  for (size_t i = 0; i < a.size(); ++i) {
-    int64_t offset = 0;
-    for (size_t axis = 0; axis < a.ndim(); ++axis) {
-      offset += index[axis] * a.strides()[axis];
-    }
-    std::memcpy(copy->data() + i * item, src + offset * item, item);
-    for (int axis = static_cast<int>(a.ndim()) - 1; axis >= 0; --axis) {
-      if (++index[axis] < a.shape(axis)) {
-        break;
-      }
-      index[axis] = 0;
-    }
-  }
-  return copy;
-}
-
-// Where a kernel reads one input from: the array's own buffer when its
-// matrices are row-contiguous (batch strides may be anything, broadcasts
-// included), otherwise a row-contiguous copy.
-struct MatrixSource {
-  explicit MatrixSource(const mx::array& a, bool fold_rows)
-      : array(a),
-        contiguous(
-            fold_rows ? a.flags().row_contiguous : matrices_row_contiguous(a)) {
-    if (!contiguous) {
-      copy = row_contiguous_copy(a);
-    }
-  }
-
-  const char* matrix(int64_t batch_index) const {
-    int64_t matrix_size = array.shape(-1) * int64_t(array.shape(-2));
-    int64_t offset = contiguous ? batch_offset(array, batch_index)
-                                : batch_index * matrix_size;
-    const char* base = contiguous ? array.data<char>() : copy->data();
-    return base + offset * array.itemsize();
-  }
-
-  mx::array array;
-  bool contiguous;
-  std::shared_ptr<std::vector<char>> copy;
-};
 
 }  // namespace
 
 void FpQuantizedMatmul::eval_cpu(
     const std::vector<mx::array>& inputs, mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() != 0) {
+    check_readable_in_place(inputs);
+  }
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& input : inputs) {
     encoder.set_input_array(input);
@@ -98,11 +49,10 @@ void FpQuantizedMatmul::eval_cpu(
     if (out.size() == 0) {
       return;
     }
-    const auto& x = inputs[0];
-    const auto& w = inputs[1];
-    const auto& scales = inputs[2];
-    // With unbatched weights all leading dimensions of x fold into M.
-    bool fold = w.ndim() == 2;
+    const auto& x = input(inputs, Input::x);
+    const auto& w = input(inputs, Input::w);
+    const auto& scales = input(inputs, Input::scales);
+    bool fold = folds_rows(inputs);
     int64_t K = x.shape(-1);
     int64_t N = out.shape(-1);
     int64_t leading = 1;
@@ -111,12 +61,10 @@ void FpQuantizedMatmul::eval_cpu(
     }
     int64_t M = fold ? leading * out.shape(-2) : out.shape(-2);
     int64_t batches = fold ? 1 : leading;
-    MatrixSource x_source(x, fold);
-    MatrixSource w_source(w, false);
-    MatrixSource scales_source(scales, false);
     float global_factor = 1.0f;
-    if (inputs.size() > 3) {
-      global_factor = *inputs[3].data<float>() / kNvfp4GlobalScaleDivisor;
+    if (has_global_scale(inputs)) {
+      global_factor = *input(inputs, Input::global_scale).data<float>() /
+                      kNvfp4GlobalScaleDivisor;
     }
     cpu::QmmArgs args{
         &format_for(mode),
@@ -129,14 +77,14 @@ void FpQuantizedMatmul::eval_cpu(
         nullptr,
         nullptr,
         nullptr,
-        scales.dtype(),
+        scale_encoding(mode, scales),
         global_factor,
         nullptr};
     char* out_data = out.data<char>();
     for (int64_t b = 0; b < batches; ++b) {
-      args.x = x_source.matrix(b);
-      args.w = reinterpret_cast<const uint32_t*>(w_source.matrix(b));
-      args.scales = scales_source.matrix(b);
+      args.x = fold ? x.data<char>() : matrix(x, b);
+      args.w = reinterpret_cast<const uint32_t*>(matrix(w, b));
+      args.scales = matrix(scales, b);
       args.out = out_data + b * M * N * out.itemsize();
       cpu::qmm(args);
     }

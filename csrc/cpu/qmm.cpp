@@ -26,6 +26,10 @@ namespace {
 constexpr int64_t kDotGrain = 64;
 constexpr int64_t kAxpyGrain = 256;
 constexpr int64_t kPanelRows = 128;
+// The bf16 GEMM: two of its 32-column panels per task, enough tasks to
+// balance two busy cores; x is arranged for it in blocks of rows.
+constexpr int64_t kGemmBf16Grain = 64;
+constexpr int64_t kArrangeGrain = 16;
 // Columns of a dequantized panel: 128 x 2048 floats is 1 MiB.
 constexpr int64_t kPanelDepth = 2048;
 // From this many rows of x on, a GEMM beats the fused kernels (measured on
@@ -152,25 +156,6 @@ void for_output_blocks(const QmmArgs& args, int64_t grain, Body&& body) {
   });
 }
 
-ScaleType scale_type(const QmmArgs& args) {
-  switch (args.format->scales) {
-    case ScaleKind::e8m0:
-      return ScaleType::e8m0;
-    case ScaleKind::e4m3:
-      return ScaleType::e4m3;
-    case ScaleKind::floating:
-      break;
-  }
-  switch (args.scales_dtype) {
-    case mx::float16:
-      return ScaleType::f16;
-    case mx::bfloat16:
-      return ScaleType::bf16;
-    default:
-      return ScaleType::f32;
-  }
-}
-
 // x @ W^T or x @ W through a float32 GEMM on dequantized panels of W.
 void gemm_f32(const QmmArgs& args, const QuantizedMatrix& w, const float* x) {
   const IsaKernels& kernels = select_kernels();
@@ -220,21 +205,19 @@ void qmm_bf16(
     const QmmArgs& args, const IsaKernels& kernels, const QuantizedMatrix& w) {
   const auto* x = static_cast<const bf16_bits*>(args.x);
   if (args.M >= gemm_min_rows(kGemmMinRowsBf16) && kernels.gemm_bf16 &&
-      bf16_exact(w)) {
-    // The GEMM splits its panels over the pool itself.
-    std::vector<float> out(args.M * args.N);
-    kernels.gemm_bf16(w, x, args.M, 0, args.N, out.data(), args.N);
-    parallel_for(args.N, kPanelRows, [&](int64_t n0, int64_t n1) {
-      dispatch_float(args.dtype, [&](auto tag) {
-        using T = decltype(tag);
-        T* dst = static_cast<T*>(args.out);
-        for (int64_t m = 0; m < args.M; ++m) {
-          for (int64_t n = n0; n < n1; ++n) {
-            dst[m * args.N + n] = static_cast<T>(out[m * args.N + n]);
-          }
-        }
-      });
+      args.format->bf16_exact) {
+    // x is arranged once for all tasks, then each task packs its panels.
+    std::vector<bf16_bits> arranged(args.M * args.K);
+    parallel_for(args.M, kArrangeGrain, [&](int64_t m0, int64_t m1) {
+      kernels.arrange_x_bf16(
+          w, x + m0 * args.K, m1 - m0, arranged.data() + m0 * args.K);
     });
+    for_output_blocks(
+        args,
+        kGemmBf16Grain,
+        [&](int64_t n0, int64_t n1, float* out, int64_t ldo) {
+          kernels.gemm_bf16(w, arranged.data(), args.M, n0, n1, out, ldo);
+        });
     return;
   }
   for_output_blocks(
@@ -251,14 +234,13 @@ void qmm(const QmmArgs& args) {
   }
   const IsaKernels& kernels = select_kernels();
   QuantizedMatrix w{
-      args.format->codes,
       args.format->bits,
       args.group_size,
       args.transpose ? args.N : args.K,
       args.transpose ? args.K : args.N,
       reinterpret_cast<const uint8_t*>(args.w),
       args.scales,
-      scale_type(args),
+      args.scale_encoding,
       args.global_factor};
   if (args.dtype == mx::bfloat16 && args.transpose && kernels.dot_bf16) {
     qmm_bf16(args, kernels, w);

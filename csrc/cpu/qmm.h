@@ -22,7 +22,7 @@ struct QmmArgs {
   const void* x;       // M x K, row-major
   const uint32_t* w;   // rows of packed codes, row-major
   const void* scales;  // one per group, row-major
-  mx::Dtype scales_dtype;
+  ScaleEncoding scale_encoding;
   float global_factor;  // multiplies every scale (nvfp4 global scale)
   void* out;            // M x N, row-major
 };

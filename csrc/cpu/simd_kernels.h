@@ -31,7 +31,7 @@ namespace mlx_fpqmm::cpu {
 inline constexpr int64_t kPrefetchDistance = 4096;
 
 // Scratch slots (thread_scratch) the kernels hold at once: 0 for x, 1 for
-// scales, 2 for decoded rows and panels, 3 for x arranged for the GEMM.
+// scales, 2 for decoded rows and panels.
 template <class V>
 struct SimdKernels {
   using F = typename V::F;
@@ -54,11 +54,11 @@ struct SimdKernels {
       bool with_global_factor = true) {
     const auto* bytes =
         static_cast<const uint8_t*>(w.scales) + row * w.groups();
-    if (w.scale_type == ScaleType::e8m0) {
+    if (w.scale_encoding == ScaleEncoding::e8m0) {
       for (int64_t g = g0; g < g1; ++g) {
-        dst[g] = std::bit_cast<float>(e8m0_bits(bytes[g]));
+        dst[g] = decode_e8m0(bytes[g]);
       }
-    } else if (w.scale_type == ScaleType::e4m3) {
+    } else if (w.scale_encoding == ScaleEncoding::e4m3) {
       for (int64_t g = g0; g < g1; ++g) {
         dst[g] = kE4M3Values[bytes[g]];
       }

@@ -120,13 +120,15 @@ nb::bytes reachable_bytes(const mx::array& a) {
 }
 
 nb::object binding_value(const BufferBinding& binding) {
-  constexpr std::array<const char*, 5> operands = {
-      "w", "scales", "global_scale", "x", "y"};
   return std::visit(
       [&](const auto& value) -> nb::object {
         using V = std::decay_t<decltype(value)>;
         if constexpr (std::is_same_v<V, Operand>) {
-          return nb::make_tuple("operand", operands[static_cast<int>(value)]);
+          std::string_view name =
+              value == Operand::y
+                  ? "y"
+                  : kInputNames[static_cast<size_t>(input_of(value))];
+          return nb::make_tuple("operand", std::string(name));
         } else if constexpr (std::is_same_v<V, int32_t>) {
           return nb::make_tuple("int32", value);
         } else if constexpr (std::is_same_v<V, std::vector<int32_t>>) {
@@ -188,15 +190,9 @@ nb::dict plan_call(
       primitive.state();
   auto inputs = node.inputs();
   if (with_operands) {
-    // What eval_gpu receives: evaluated inputs, copied where not readable
-    // in place.
+    // What eval_gpu receives: evaluated inputs, readable in place.
     mx::eval(inputs);
-    for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
-      if (!readable_in_place(inputs, i)) {
-        inputs[i] = mx::contiguous(inputs[i], false, mx::Device::cpu);
-        mx::eval(inputs[i]);
-      }
-    }
+    check_readable_in_place(inputs);
   }
   auto problem = describe_problem(
       inputs,
@@ -222,11 +218,10 @@ nb::dict plan_call(
   }
   result["output_shape"] = nb::tuple(output_shape);
   if (with_operands) {
-    constexpr std::array<const char*, 4> names = {
-        "x", "w", "scales", "global_scale"};
     nb::dict operands;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      operands[names[i]] = reachable_bytes(inputs[i]);
+      operands[nb::str(kInputNames[i].data(), kInputNames[i].size())] =
+          reachable_bytes(inputs[i]);
     }
     result["operands"] = operands;
   }

@@ -11,9 +11,6 @@ namespace mlx_fpqmm::metal {
 
 namespace {
 
-constexpr std::array<std::string_view, 3> kFloatTypeNames = {
-    "float32", "float16", "bfloat16"};
-
 int ceil_div(int64_t a, int64_t b) {
   return static_cast<int>((a + b - 1) / b);
 }
@@ -32,30 +29,6 @@ constexpr int kMaxThreadgroupMemory = 32 * 1024;
 // "e2m1" / "e4m3": the code format the kernel template is instantiated for.
 std::string_view codes_name(Mode mode) {
   return format_for(mode).codes == CodeKind::e2m1 ? "e2m1" : "e4m3";
-}
-
-int scale_encoding(const QmmProblem& problem) {
-  switch (format_for(problem.mode).scales) {
-    case ScaleKind::e8m0:
-      return fpqmm::kScaleE8M0;
-    case ScaleKind::e4m3:
-      return fpqmm::kScaleE4M3;
-    case ScaleKind::floating:
-      break;
-  }
-  if (!problem.scale_type) {
-    throw std::invalid_argument(
-        "[metal::plan] float-scale modes need the scales' float type.");
-  }
-  switch (*problem.scale_type) {
-    case FloatType::float32:
-      return fpqmm::kScaleFloat32;
-    case FloatType::float16:
-      return fpqmm::kScaleFloat16;
-    case FloatType::bfloat16:
-      return fpqmm::kScaleBFloat16;
-  }
-  return fpqmm::kScaleFloat32;
 }
 
 std::string kernel_name(
@@ -153,19 +126,6 @@ void bind_buffers(const QmmProblem& p, KernelPlan& plan) {
 
 int itemsize(FloatType type) {
   return type == FloatType::float32 ? 4 : 2;
-}
-
-std::string_view type_name(FloatType type) {
-  return kFloatTypeNames[static_cast<size_t>(type)];
-}
-
-std::optional<FloatType> float_type_from_name(std::string_view name) {
-  for (size_t i = 0; i < kFloatTypeNames.size(); ++i) {
-    if (kFloatTypeNames[i] == name) {
-      return static_cast<FloatType>(i);
-    }
-  }
-  return std::nullopt;
 }
 
 int GpuDevice::generation() const {
@@ -290,12 +250,11 @@ std::optional<std::string> nax_unavailable_reason(
   if (!problem.transpose) {
     return std::string("there is no NAX kernel for transpose=False");
   }
-  // W is staged in bfloat: exact for E2M1/E4M3 codes times E8M0/E4M3 scales,
-  // rounded for float scales and for nvfp4's global scale, a rounding that
-  // only bfloat16 x's own precision absorbs.
+  // W is staged in bfloat: exact for the formats whose scaled codes are
+  // (Format::bf16_exact), rounded for the others and for nvfp4's global
+  // scale, a rounding that only bfloat16 x's own precision absorbs.
   bool weights_exact_in_bfloat =
-      format_for(problem.mode).scales != ScaleKind::floating &&
-      !problem.has_global_scale;
+      format_for(problem.mode).bf16_exact && !problem.has_global_scale;
   if (!weights_exact_in_bfloat && problem.x_type != FloatType::bfloat16) {
     return "the NAX kernels round these weights to bfloat, beyond what " +
            std::string(type_name(problem.x_type)) + " x tolerates";
@@ -385,7 +344,8 @@ KernelPlan plan(
   }
   plan.constants = {
       {FPQMM_CONSTANT_GROUP_SIZE, int32_t(problem.group_size)},
-      {FPQMM_CONSTANT_SCALE_ENCODING, int32_t(scale_encoding(problem))},
+      {FPQMM_CONSTANT_SCALE_ENCODING,
+       static_cast<int32_t>(scale_encoding(problem.mode, problem.scale_type))},
       {FPQMM_CONSTANT_HAS_GLOBAL_SCALE, problem.has_global_scale}};
   bind_buffers(problem, plan);
   return plan;

@@ -16,11 +16,8 @@
 
 namespace mlx_fpqmm::metal {
 
-enum class FloatType { float32, float16, bfloat16 };
-
+// FloatType, type_name and float_type_from_name are formats.h's.
 int itemsize(FloatType type);
-std::string_view type_name(FloatType type);  // "float32", "float16", ...
-std::optional<FloatType> float_type_from_name(std::string_view name);
 
 // What the plan needs to know about the GPU.
 struct GpuDevice {

@@ -36,15 +36,9 @@ void FpQuantizedMatmul::eval_gpu(
   if (out.size() == 0) {
     return;
   }
-  for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
-    if (!metal::readable_in_place(inputs, i)) {
-      // The ops copy them on GPU streams (libmlx's GPU copy is not exported
-      // to eval_gpu), so this is a bug.
-      throw std::logic_error(
-          "[FpQuantizedMatmul] The Metal kernels need row-contiguous "
-          "matrices, and the op did not make them so.");
-    }
-  }
+  // The ops copy inputs where needed (libmlx's GPU copy is not exported to
+  // eval_gpu), so a failure here is a bug.
+  check_readable_in_place(inputs);
   auto problem = metal::describe_problem(
       inputs, out.shape(), mode_, group_size_, transpose_, true);
   // The NAX library is loaded only where the plan chose it, so only on
@@ -78,9 +72,8 @@ void FpQuantizedMatmul::eval_gpu(
             if (value == metal::Operand::y) {
               encoder.set_output_array(out, binding.index);
             } else {
-              constexpr int kInputOf[] = {1, 2, 3, 0};  // w, scales, g, x
               encoder.set_input_array(
-                  inputs[kInputOf[static_cast<int>(value)]], binding.index);
+                  input(inputs, metal::input_of(value)), binding.index);
             }
           } else if constexpr (std::is_same_v<V, int32_t>) {
             encoder.set_bytes(value, binding.index);

@@ -14,19 +14,6 @@ namespace mlx_fpqmm::metal {
 
 namespace {
 
-FloatType float_type(mx::Dtype dtype) {
-  if (dtype == mx::float32) {
-    return FloatType::float32;
-  }
-  if (dtype == mx::float16) {
-    return FloatType::float16;
-  }
-  if (dtype == mx::bfloat16) {
-    return FloatType::bfloat16;
-  }
-  throw std::invalid_argument("[metal] x and float scales must be floats.");
-}
-
 std::vector<int64_t> batch_strides(const mx::array& a, bool strides_known) {
   int batch_ndims = static_cast<int>(a.ndim()) - 2;
   std::vector<int64_t> strides(batch_ndims);
@@ -38,24 +25,22 @@ std::vector<int64_t> batch_strides(const mx::array& a, bool strides_known) {
   return strides;
 }
 
-bool folds_rows(const std::vector<mx::array>& inputs) {
-  return inputs[1].ndim() == 2;
-}
-
 }  // namespace
 
-bool readable_in_place(const std::vector<mx::array>& inputs, int index) {
-  const auto& a = inputs[index];
-  if (index == 3) {
-    return true;  // the global scale: one float
+Input input_of(Operand operand) {
+  switch (operand) {
+    case Operand::w:
+      return Input::w;
+    case Operand::scales:
+      return Input::scales;
+    case Operand::global_scale:
+      return Input::global_scale;
+    case Operand::x:
+      return Input::x;
+    case Operand::y:
+      break;
   }
-  if (index == 0 && folds_rows(inputs)) {
-    return a.flags().row_contiguous;
-  }
-  int rows = a.shape(-2);
-  int cols = a.shape(-1);
-  return (cols <= 1 || a.strides()[a.ndim() - 1] == 1) &&
-         (rows <= 1 || a.strides()[a.ndim() - 2] == cols);
+  throw std::invalid_argument("[metal] y is the output, not an input.");
 }
 
 QmmProblem describe_problem(
@@ -65,8 +50,8 @@ QmmProblem describe_problem(
     int group_size,
     bool transpose,
     bool strides_known) {
-  const auto& x = inputs[0];
-  const auto& scales = inputs[2];
+  const auto& x = input(inputs, Input::x);
+  const auto& scales = input(inputs, Input::scales);
   QmmProblem problem{
       mode,
       group_size,
@@ -78,7 +63,7 @@ QmmProblem describe_problem(
   if (format_for(mode).scales == ScaleKind::floating) {
     problem.scale_type = float_type(scales.dtype());
   }
-  problem.has_global_scale = inputs.size() > 3;
+  problem.has_global_scale = has_global_scale(inputs);
   if (folds_rows(inputs)) {
     // The product of x's leading dimensions (K may be 0).
     int64_t rows = 1;
@@ -91,7 +76,8 @@ QmmProblem describe_problem(
   problem.M = x.shape(-2);
   problem.batch_shape.assign(out_shape.begin(), out_shape.end() - 2);
   problem.x_batch_strides = batch_strides(x, strides_known);
-  problem.w_batch_strides = batch_strides(inputs[1], strides_known);
+  problem.w_batch_strides =
+      batch_strides(input(inputs, Input::w), strides_known);
   problem.scales_batch_strides = batch_strides(scales, strides_known);
   return problem;
 }

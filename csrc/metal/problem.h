@@ -9,19 +9,18 @@
 #include "mlx/array.h"
 
 #include "metal/plan.h"
+#include "primitives.h"
 
 namespace mlx_fpqmm::metal {
 
 namespace mx = mlx::core;
 
-// Whether the kernels can read input `index` in place: matrices must be
-// row-contiguous (all of x when its rows fold into M, with 2-D weights);
-// batch strides may be anything.
-bool readable_in_place(const std::vector<mx::array>& inputs, int index);
+// The primitive's input a kernel operand other than y binds.
+Input input_of(Operand operand);
 
-// `inputs` are the primitive's (x, w, scales[, global_scale]), already
-// readable in place. Without `strides_known` (unevaluated arrays) the batch
-// strides are those of row-contiguous arrays.
+// `inputs` are the primitive's (Input in primitives.h), already readable in
+// place (readable_in_place). Without `strides_known` (unevaluated arrays) the
+// batch strides are those of row-contiguous arrays.
 QmmProblem describe_problem(
     const std::vector<mx::array>& inputs,
     const mx::Shape& out_shape,

@@ -1,12 +1,16 @@
 // Runs one ISA's float32 kernels on a case read from stdin and writes the
 // result to stdout, so that tests can check kernels this machine cannot run
 // natively (tests/test_cpu_neon.py builds it for arm64 and runs it under
-// qemu-user). Input, little-endian: int32 bits, code kind (0 E2M1, 1 E4M3),
-// group size, scale type (ScaleType), op (0 dot: x @ W^T, 1 axpy: x @ W,
-// 2 dequantize); float global factor; int64 rows, cols, M; then the codes,
-// the scales and (ops 0, 1) x as float32. Output: float32 results.
+// qemu-user). Input, little-endian: the mode's name and the scales' dtype
+// name ("uint8", "float32", ...), 8 bytes each, NUL-padded; int32 group size,
+// op (0 dot: x @ W^T, 1 axpy: x @ W, 2 dequantize); float global factor;
+// int64 rows, cols, M; then the codes, the scales and (ops 0, 1) x as
+// float32. Output: float32 results. Formats and scale encodings come from
+// formats.h, as in the extension.
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -24,6 +28,14 @@ T read() {
     throw std::runtime_error("short input");
   }
   return value;
+}
+
+std::string read_name() {
+  char name[8];
+  if (std::fread(name, 1, sizeof(name), stdin) != sizeof(name)) {
+    throw std::runtime_error("short input");
+  }
+  return std::string(name, strnlen(name, sizeof(name)));
 }
 
 std::vector<char> read_bytes(size_t count) {
@@ -51,28 +63,30 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: kernel_harness neon|portable < case\n");
     return 2;
   }
-  int bits = read<int32_t>();
-  auto codes = static_cast<CodeKind>(read<int32_t>());
+  auto mode = mode_from_name(read_name());
+  if (!mode) {
+    throw std::runtime_error("unknown mode");
+  }
+  const Format& format = format_for(*mode);
+  auto scale_type = float_type_from_name(read_name());
+  ScaleEncoding encoding = scale_encoding(*mode, scale_type);
+  int bits = format.bits;
   int group_size = read<int32_t>();
-  auto scale_type = static_cast<ScaleType>(read<int32_t>());
   int op = read<int32_t>();
   float global_factor = read<float>();
   int64_t rows = read<int64_t>();
   int64_t cols = read<int64_t>();
   int64_t M = read<int64_t>();
-  constexpr size_t kScaleSizes[] = {1, 1, 4, 2, 2};
   auto data = read_bytes(rows * cols * bits / 8);
-  auto scales = read_bytes(
-      rows * cols / group_size * kScaleSizes[static_cast<int>(scale_type)]);
+  auto scales = read_bytes(rows * cols / group_size * scale_itemsize(encoding));
   QuantizedMatrix w{
-      codes,
       bits,
       group_size,
       rows,
       cols,
       reinterpret_cast<const uint8_t*>(data.data()),
       scales.data(),
-      scale_type,
+      encoding,
       global_factor};
   std::vector<float> out;
   if (op == 2) {
