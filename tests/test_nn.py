@@ -260,16 +260,17 @@ def test_quantize_defaults_and_errors():
         quantize(make_model("llama"), class_predicate=lambda p, m: "yes")
     with pytest.raises(ValueError, match="Unable to quantize"):
         quantize(make_model("llama"), class_predicate=lambda p, m: True)  # RMSNorm
-    with pytest.raises(ValueError, match="only supported for nn.Linear and nn.Embedding"):
-        quantize(nn.Sequential(SwitchLinear(64, 32, 4)), mode="fp4")
     with pytest.raises(ValueError, match="OwnQuantized with its own to_quantized"):
         quantize(nn.Sequential(OwnQuantized(64, 32)), mode="fp8")
     layers = nn.Sequential(OwnQuantized(64, 32), PlainSubclass(64, 32))
     quantize(layers)
     assert [type(m) for m in layers.layers] == [nn.QuantizedLinear, QuantizedLinear]
-    experts = nn.Sequential(SwitchLinear(64, 32, 4))
-    quantize(experts, mode="nvfp4", global_scale=True)  # MLX's modes: the layer's own
-    assert type(experts.layers[0]) is QuantizedSwitchLinear
+    # mlx-lm's experts become mlx_fpqmm's switch layer, in every mode.
+    for mode in ("fp4", "nvfp4"):
+        experts = nn.Sequential(SwitchLinear(64, 32, 4))
+        quantize(experts, mode=mode, global_scale=mode == "nvfp4")
+        assert type(experts.layers[0]) is mlx_fpqmm.nn.QuantizedSwitchLinear
+        assert isinstance(experts.layers[0], QuantizedSwitchLinear)
     assert experts.layers[0].global_scale.shape == (4,)
 
 

@@ -153,7 +153,7 @@ void FpGatherQuantizedMatmul::eval_cpu(
            panel,
            reinterpret_cast<const uint32_t*>(w.data<char>() + e * w_size),
            scales.data<char>() + e * scales_size,
-           scales.dtype(),
+           scale_encoding(mode, scales),
            global_factor,
            result});
       if (!out_in_place) {
