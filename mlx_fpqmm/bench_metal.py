@@ -1,10 +1,10 @@
 """Device-memory traffic of the Metal kernels, from the simulator's counters.
 
-``python -m mlx_fpqmm.bench_metal`` (source checkout) runs each kernel family at
-a few shapes and prints, per buffer, the bytes read and written beside the
-compulsory bytes (each of w, scales, x and y moved once), and the
-multiply-accumulates the matrix units issue per output element (K of them are
-useful; the rest is zero padding of partial tiles).
+``python -m mlx_fpqmm.bench_metal`` (needs the Metal simulator, ``metal_sim``)
+runs each kernel family at a few shapes and prints, per buffer, the bytes read
+and written beside the compulsory bytes (each of w, scales, x and y moved
+once), and the multiply-accumulates the matrix units issue per output element
+(K of them are useful; the rest is zero padding of partial tiles).
 
 What to expect: the decode kernels read every weight and scale byte once
 (x is re-read by every simdgroup: caches absorb it on hardware); an MMA

@@ -1,16 +1,19 @@
 """Run mlx_fpqmm's Metal kernels anywhere, through the Metal simulator.
 
-The simulator (``tests/metal_sim``) compiles the unmodified ``metal/*.metal``
-kernels for the CPU, so this needs a source checkout of mlx_fpqmm. Each call is
-planned by the same C++ code as the GPU evaluation (``kernel_path``), then
-dispatched with that plan's kernel, grid, threadgroup memory, function
-constants and buffers.
+The simulator (the ``metal_sim`` package, ``tools/metal_sim`` in mlx_fpqmm's
+source tree: ``pip install -e tools/metal_sim``) compiles the unmodified
+``metal/*.metal`` kernels for the CPU of an x86-64 Linux machine. The kernel
+sources ship inside the mlx_fpqmm package (``mlx_fpqmm/metal``); an editable
+install uses the source checkout's ``metal/``. Each call is planned by the same
+C++ code as the GPU evaluation (``kernel_path``), then dispatched with that
+plan's kernel, grid, threadgroup memory, function constants and buffers.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +24,20 @@ import numpy as np
 
 from . import _ext
 
-SOURCE_ROOT = Path(__file__).resolve().parent.parent
-METAL_DIR = SOURCE_ROOT / "metal"
-SIMULATOR_DIR = SOURCE_ROOT / "tests"
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def find_metal_dir(package_dir: Path = PACKAGE_DIR) -> Path:
+    """The kernel sources: beside the installed module (a wheel ships them as
+    ``mlx_fpqmm/metal``), else the source checkout's ``metal/`` (an editable
+    install, whose module is the checkout's own)."""
+    installed = package_dir / "metal"
+    if any(installed.glob("*.metal")):
+        return installed
+    return package_dir.parent / "metal"
+
+
+METAL_DIR = find_metal_dir()
 
 # Buffer contents as NumPy sees them (bfloat16 travels as its raw bits).
 _NUMPY_TYPES = {
@@ -47,20 +61,44 @@ def kernel_sources(name: str = "mlx_fpqmm") -> list[Path]:
     return sorted(LIBRARIES[name][0].glob("*.metal"))
 
 
-@functools.cache
+def check_simulator() -> None:
+    """Raises a RuntimeError (wrong machine) or ImportError (metal_sim not
+    installed) saying what the simulator needs."""
+    machine = platform.machine().lower()
+    if not sys.platform.startswith("linux") or machine not in ("x86_64", "amd64"):
+        raise RuntimeError(
+            "mlx_fpqmm.testing runs the Metal kernels through the metal_sim simulator, which "
+            "needs an x86-64 Linux machine (its threads are fibers with hand-written x86-64 "
+            f"context switches); this machine is {sys.platform} {platform.machine()}. "
+            "On a Mac, run the kernels on the GPU (mlx_fpqmm's ops with mx.gpu)."
+        )
+    try:
+        import metal_sim  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            "mlx_fpqmm.testing needs the Metal simulator, the metal_sim package: install it "
+            "from mlx_fpqmm's source tree with `pip install -e tools/metal_sim` "
+            "(tools/setup does)."
+        ) from e
+
+
 def library(name: str = "mlx_fpqmm"):
     """The simulator's build of the metallib ``name``: every kernel in its sources.
 
     Each metallib is a library of its own, as on the GPU (the function constants
     of ``metal/fp_common.h`` are defined once per library).
     """
-    if not (SIMULATOR_DIR / "metal_sim").is_dir() or not kernel_sources(name):
+    check_simulator()
+    if not kernel_sources(name):
         raise RuntimeError(
-            "mlx_fpqmm.testing needs a source checkout of mlx_fpqmm: the Metal kernels "
-            f"({METAL_DIR}) and the simulator ({SIMULATOR_DIR / 'metal_sim'}) were not found."
+            f"mlx_fpqmm.testing: the Metal kernel sources of {name} were not found in "
+            f"{LIBRARIES[name][0]} (a wheel ships them in mlx_fpqmm/metal; reinstall mlx_fpqmm)."
         )
-    if str(SIMULATOR_DIR) not in sys.path:
-        sys.path.insert(0, str(SIMULATOR_DIR))
+    return _build_library(name)
+
+
+@functools.cache
+def _build_library(name: str):
     from metal_sim import Library
 
     return Library(kernel_sources(name), include_dirs=[METAL_DIR], metal_version=LIBRARIES[name][1])

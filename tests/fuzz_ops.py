@@ -1,8 +1,16 @@
-"""Throws random argument combinations at the ops; run by test_fuzz.py in a
-child process so that a crash fails the test instead of killing pytest.
+"""Throws random argument combinations at the ops, through hypothesis:
+``python fuzz_ops.py N`` tries N examples. test_hardening.py
+(test_fuzz_random_arguments_never_crash) runs it in a child process so that a
+crash fails the test instead of killing pytest.
 
-Every call must either return an array that evaluates, or raise ValueError or
-TypeError. Prints the number of calls and of each outcome.
+The ops: fp4_qmm, fp8_qmm, quantized_matmul, quantize, dequantize and
+kernel_path; about half the calls are a valid problem with at most one argument
+perturbed, so the kernels are reached too. Every call must either return (an
+array, which is evaluated; kernel_path's plan is not) or raise ValueError or
+TypeError; any other exception fails the run (exit status 1).
+quantized_matmul with mode "affine" is skipped: that is MLX's own op. The last
+line printed is a dict of the number of calls per outcome ("ok", "ValueError",
+"TypeError").
 """
 
 import collections

@@ -24,6 +24,9 @@ from test_cpu_kernels import NONFINITE_CASES, assert_same_values, nonfinite_case
 
 import mlx_fpqmm
 
+# Two cross builds and a qemu process per case.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPILER = "aarch64-linux-gnu-g++"
 EMULATOR = "qemu-aarch64"

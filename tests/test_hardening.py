@@ -30,6 +30,7 @@ def run_child(code_or_args, timeout=600, env=None):
     )
 
 
+@pytest.mark.slow
 def test_fuzz_random_arguments_never_crash():
     result = run_child([str(TESTS / "fuzz_ops.py"), "3000"])
     assert result.returncode == 0, result.stderr[-4000:]
@@ -112,6 +113,7 @@ def test_thread_pool_survives_fork(tmp_path):
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_pool_works_during_and_after_interpreter_shutdown():
     """The op runs from an atexit handler and the process exits cleanly.
 

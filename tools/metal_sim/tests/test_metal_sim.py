@@ -1,4 +1,4 @@
-"""Tests of the Metal simulator (tests/metal_sim) on kernels written for it."""
+"""Tests of the Metal simulator (metal_sim) on kernels written for it (tests/kernels)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+
 from metal_sim import KernelError, Library, MetalCompileError, toolchain
 from metal_sim.instrument import instrument
 from metal_sim.rewrite import TranslationUnit
 
-KERNELS = Path(__file__).parent / "metal_sim_kernels"
+KERNELS = Path(__file__).parent / "kernels"
 BUGS = str(KERNELS / "bugs.metal")
 RNG = np.random.default_rng(0)
 
