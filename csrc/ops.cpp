@@ -702,15 +702,13 @@ mx::array fp_gather_qmm_unchecked(
   auto contiguous = [&](const mx::array& a) {
     return mx::contiguous(a, false, stream);
   };
-  std::vector<mx::array> inputs = {
+  auto inputs = make_gather_inputs(
       contiguous(x),
       contiguous(w),
       contiguous(scales),
       contiguous(lhs_indices),
-      contiguous(rhs_indices)};
-  if (global_scale) {
-    inputs.push_back(contiguous(*global_scale));
-  }
+      contiguous(rhs_indices),
+      global_scale ? std::optional(contiguous(*global_scale)) : std::nullopt);
   auto primitive = std::make_shared<FpGatherQuantizedMatmul>(
       stream, mode, group_size, transpose, right_sorted);
   auto shape = primitive->output_shapes(inputs)[0];

@@ -139,8 +139,8 @@ namespace {
 
 std::optional<mx::array> expert_scales_input(
     const std::vector<mx::array>& inputs) {
-  if (inputs.size() > 5) {
-    return inputs[5];
+  if (has_expert_scales(inputs)) {
+    return input(inputs, GatherInput::global_scale);
   }
   return std::nullopt;
 }
@@ -162,11 +162,11 @@ void check_gather_argnums(
 
 std::vector<mx::Shape> FpGatherQuantizedMatmul::output_shapes(
     const std::vector<mx::array>& inputs) {
-  const auto& x = inputs[0];
-  const auto& w = inputs[1];
+  const auto& x = input(inputs, GatherInput::x);
+  const auto& w = input(inputs, GatherInput::w);
   int n = transpose_ ? w.shape(-2)
                      : w.shape(-1) * format_for(mode_).elements_per_word();
-  auto shape = inputs[3].shape();
+  auto shape = input(inputs, GatherInput::lhs_indices).shape();
   shape.push_back(x.shape(-2));
   shape.push_back(n);
   return {shape};
@@ -183,8 +183,8 @@ std::vector<mx::array> FpGatherQuantizedMatmul::vjp(
     const std::vector<int>& argnums,
     const std::vector<mx::array>&) {
   check_gather_argnums("vjp", argnums);
-  const auto& x = primals[0];
-  const auto& lhs = primals[3];
+  const auto& x = input(primals, GatherInput::x);
+  const auto& lhs = input(primals, GatherInput::lhs_indices);
   const auto& cotangent = cotangents[0];
   auto s = stream();
   // Per pair, cotangent @ W (the same weights with transpose flipped), then
@@ -193,10 +193,10 @@ std::vector<mx::array> FpGatherQuantizedMatmul::vjp(
       mx::arange(static_cast<int>(lhs.size()), mx::uint32, s), lhs.shape(), s);
   auto per_pair = fp_gather_qmm_unchecked(
       cotangent,
-      primals[1],
-      primals[2],
+      input(primals, GatherInput::w),
+      input(primals, GatherInput::scales),
       pairs,
-      primals[4],
+      input(primals, GatherInput::rhs_indices),
       expert_scales_input(primals),
       mode_,
       group_size_,
@@ -234,10 +234,10 @@ std::vector<mx::array> FpGatherQuantizedMatmul::jvp(
   check_gather_argnums("jvp", argnums);
   return {fp_gather_qmm_unchecked(
       tangents[0],
-      primals[1],
-      primals[2],
-      primals[3],
-      primals[4],
+      input(primals, GatherInput::w),
+      input(primals, GatherInput::scales),
+      input(primals, GatherInput::lhs_indices),
+      input(primals, GatherInput::rhs_indices),
       expert_scales_input(primals),
       mode_,
       group_size_,

@@ -113,6 +113,45 @@ class FpQuantizedMatmul : public mx::UnaryPrimitive {
 
 namespace mlx_fpqmm {
 
+// FpGatherQuantizedMatmul's inputs, in this order: x, w, scales,
+// lhs_indices, rhs_indices and, for nvfp4 with global scales, global_scale
+// (one per expert).
+enum class GatherInput { x, w, scales, lhs_indices, rhs_indices, global_scale };
+
+inline constexpr std::array<std::string_view, 6> kGatherInputNames = {
+    "x", "w", "scales", "lhs_indices", "rhs_indices", "global_scale"};
+
+inline const mx::array& input(
+    const std::vector<mx::array>& inputs, GatherInput which) {
+  return inputs[static_cast<size_t>(which)];
+}
+
+inline bool has_expert_scales(const std::vector<mx::array>& inputs) {
+  return inputs.size() > static_cast<size_t>(GatherInput::global_scale);
+}
+
+// The gather inputs in that order (global_scale last, when there is one).
+inline std::vector<mx::array> make_gather_inputs(
+    mx::array x,
+    mx::array w,
+    mx::array scales,
+    mx::array lhs_indices,
+    mx::array rhs_indices,
+    const std::optional<mx::array>& global_scale) {
+  auto inputs =
+      make_inputs(std::move(x), std::move(w), std::move(scales), std::nullopt);
+  inputs.push_back(std::move(lhs_indices));
+  inputs.push_back(std::move(rhs_indices));
+  if (global_scale) {
+    inputs.push_back(*global_scale);
+  }
+  return inputs;
+}
+static_assert(
+    static_cast<int>(GatherInput::lhs_indices) == 3 &&
+    static_cast<int>(GatherInput::rhs_indices) == 4 &&
+    static_cast<int>(GatherInput::global_scale) == 5);
+
 // FpGatherQuantizedMatmul: for each pair b, y[b] = x[lhs[b]] @ dequant(
 // w[rhs[b]]).T (or without .T), the mixture-of-experts product behind
 // mx.gather_qmm. Inputs, all row-contiguous: x (..., M, K) and w, scales

@@ -130,18 +130,36 @@ def run_metal(
     transpose: bool = True,
     group_size: int | None = None,
     global_scale=None,
+    lhs_indices=None,
+    rhs_indices=None,
     device: str = "applegpu_g16s",
     macos: str | None = None,
     kernel: str = "auto",
 ) -> MetalRun:
     """Plans the call as the GPU evaluation would on ``device`` and simulates it.
 
+    With ``lhs_indices`` or ``rhs_indices`` the call is :func:`mlx_fpqmm.gather_qmm`'s.
     The simulator builds the NAX kernels from their sources, so the plan may pick
     them wherever the device and macOS version allow.
     """
-    x, w, scales, global_scale = map(_as_mlx, (x, w, scales, global_scale))
+    x, w, scales, global_scale, lhs_indices, rhs_indices = map(
+        _as_mlx, (x, w, scales, global_scale, lhs_indices, rhs_indices)
+    )
     plan = _ext._metal_plan(
-        x, w, scales, global_scale, mode, group_size, transpose, device, macos, kernel, True, True
+        x,
+        w,
+        scales,
+        global_scale,
+        lhs_indices,
+        rhs_indices,
+        mode,
+        group_size,
+        transpose,
+        device,
+        macos,
+        kernel,
+        True,
+        True,
     )
     output_shape = plan["output_shape"]
     out_type = _NUMPY_TYPES[x.dtype]
@@ -155,6 +173,8 @@ def run_metal(
             "w": mx.uint32,
             "scales": scales.dtype,
             "global_scale": mx.float32,
+            "lhs_indices": mx.uint32,
+            "rhs_indices": mx.uint32,
         }
         operands = {
             name: _buffer(data, operand_types[name]) for name, data in plan["operands"].items()
@@ -187,6 +207,52 @@ def run_metal(
     if x.ndim == 1:
         y = y.squeeze(-2)
     return MetalRun(y, plan, counters)
+
+
+def metal_gather_qmm(
+    x,
+    w,
+    scales,
+    lhs_indices=None,
+    rhs_indices=None,
+    *,
+    mode: str,
+    transpose: bool = True,
+    group_size: int | None = None,
+    global_scale=None,
+    sorted_indices: bool = False,
+    device: str = "applegpu_g16s",
+    kernel: str = "auto",
+) -> np.ndarray:
+    """``gather_qmm`` as mlx_fpqmm's Metal kernels compute it, simulated on the CPU.
+
+    Args:
+        x, w, scales, lhs_indices, rhs_indices, mode, transpose, group_size,
+          global_scale, sorted_indices: as for :func:`mlx_fpqmm.gather_qmm` (NumPy or
+          MLX arrays; at least one of the indices).
+        device (str): the GPU architecture to plan for, e.g. ``"applegpu_g13s"``.
+        kernel (str): ``"auto"`` (the plan's choice), or force ``"qmv"``, ``"mma"``
+          or ``"nax"``.
+
+    Returns:
+        np.ndarray: the result, float32 or float16 as ``x`` (float32 for bfloat16 ``x``).
+    """
+    if lhs_indices is None and rhs_indices is None:
+        raise ValueError("metal_gather_qmm needs lhs_indices or rhs_indices (or both).")
+    del sorted_indices  # a speed hint the Metal plan does not use (yet)
+    return run_metal(
+        x,
+        w,
+        scales,
+        mode=mode,
+        transpose=transpose,
+        group_size=group_size,
+        global_scale=global_scale,
+        lhs_indices=lhs_indices,
+        rhs_indices=rhs_indices,
+        device=device,
+        kernel=kernel,
+    ).y
 
 
 def metal_qmm(

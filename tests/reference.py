@@ -67,3 +67,33 @@ def relative_error(y, reference) -> float:
     assert y.shape == ref.shape, (y.shape, ref.shape)
     scale = max(float(magnitude.max(initial=0.0)), 1e-30)
     return float(np.abs(y - ref).max(initial=0.0)) / scale
+
+
+def gather_reference(
+    x, w_q, scales, lhs, rhs, mode, transpose=True, group_size=None, global_scale=None
+):
+    """Per pair: x[lhs] @ W[rhs].T (or W[rhs]) in float64, and the magnitudes."""
+    E = w_q.shape[0]
+    w = np.stack(
+        [
+            dequantize_reference(
+                w_q[e],
+                scales[e],
+                mode,
+                group_size,
+                None if global_scale is None else global_scale[e],
+            )
+            for e in range(E)
+        ]
+    ).astype(np.float64)
+    if transpose:
+        w = np.swapaxes(w, -1, -2)
+    xs = np.array(x.astype(mx.float32)).astype(np.float64)
+    xs = xs.reshape(-1, *xs.shape[-2:])
+    lhs, rhs = np.broadcast_arrays(np.array(lhs), np.array(rhs))
+    ref = np.stack([xs[i] @ w[j] for i, j in zip(lhs.ravel(), rhs.ravel(), strict=True)])
+    mag = np.stack(
+        [np.abs(xs[i]) @ np.abs(w[j]) for i, j in zip(lhs.ravel(), rhs.ravel(), strict=True)]
+    )
+    shape = (*lhs.shape, *ref.shape[-2:])
+    return ref.reshape(shape), mag.reshape(shape)

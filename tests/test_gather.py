@@ -8,7 +8,7 @@ from reference import (
     DEFAULT_GROUP_SIZE,
     MLX_MODES,
     TOLERANCE,
-    dequantize_reference,
+    gather_reference,
     relative_error,
 )
 
@@ -28,33 +28,6 @@ def experts(mode, E, rows, cols, global_scale=False):
     return mx.stack([p[0] for p in parts]), mx.stack([p[1] for p in parts]), scales
 
 
-def gather_reference(x, w_q, scales, lhs, rhs, mode, transpose=True, global_scale=None):
-    """Per pair: x[lhs] @ W[rhs].T (or W[rhs]) in float64, and the magnitudes."""
-    E = w_q.shape[0]
-    w = np.stack(
-        [
-            dequantize_reference(
-                w_q[e],
-                scales[e],
-                mode,
-                global_scale=None if global_scale is None else global_scale[e],
-            )
-            for e in range(E)
-        ]
-    ).astype(np.float64)
-    if transpose:
-        w = np.swapaxes(w, -1, -2)
-    xs = np.array(x.astype(mx.float32)).astype(np.float64)
-    xs = xs.reshape(-1, *xs.shape[-2:])
-    lhs, rhs = np.broadcast_arrays(np.array(lhs), np.array(rhs))
-    ref = np.stack([xs[i] @ w[j] for i, j in zip(lhs.ravel(), rhs.ravel(), strict=True)])
-    mag = np.stack(
-        [np.abs(xs[i]) @ np.abs(w[j]) for i, j in zip(lhs.ravel(), rhs.ravel(), strict=True)]
-    )
-    shape = (*lhs.shape, *ref.shape[-2:])
-    return ref.reshape(shape), mag.reshape(shape)
-
-
 def routed(tokens, E, top_k):
     """Expert indices as a router gives them: (tokens, top_k), distinct per token."""
     return mx.array(np.stack([np.random.permutation(E)[:top_k] for _ in range(tokens)]))
@@ -71,9 +44,7 @@ def test_rhs_indices_match_reference(mode, dtype, transpose):
     w_q, scales, _ = experts(mode, E, *((N, K) if transpose else (K, N)))
     indices = routed(7, E, 3)
     x = mx.random.normal((7, 1, 2, K)).astype(dtype)  # M = 2 rows per pair
-    y = mlx_fpqmm.gather_qmm(
-        x, w_q, scales, rhs_indices=indices, transpose=transpose, mode=mode
-    )
+    y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=indices, transpose=transpose, mode=mode)
     assert y.shape == (7, 3, 2, N) and y.dtype == dtype
     lhs = np.arange(7).reshape(7, 1)
     reference = gather_reference(x, w_q, scales, lhs, indices, mode, transpose)
@@ -219,9 +190,7 @@ def test_compile(shapeless):
     mx.eval(w_q, scales)
 
     def f(x, lhs, rhs):
-        return mlx_fpqmm.gather_qmm(
-            x, w_q, scales, lhs_indices=lhs, rhs_indices=rhs, mode="mxfp4"
-        )
+        return mlx_fpqmm.gather_qmm(x, w_q, scales, lhs_indices=lhs, rhs_indices=rhs, mode="mxfp4")
 
     compiled = mx.compile(f, shapeless=shapeless)
     for tokens in (3, 5):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from reference import (
     TOLERANCE,
+    gather_reference,
     qmm_reference,
     relative_error,
 )
@@ -34,8 +35,10 @@ FAMILIES = {
     "nax_t_bm64": (True, "nax", 40),
 }
 NAX_DEVICE = "applegpu_g17s"
+# Every family also has a gather (mixture-of-experts) variant.
 EXPECTED_KERNELS = [
-    f"fpqmm_{family}_{codes}_{type_name}"
+    f"fpqmm_{variant}{family}_{codes}_{type_name}"
+    for variant in ("", "gather_")
     for family in FAMILIES
     for codes in MODE_OF_CODES
     for type_name in TYPES
@@ -92,7 +95,7 @@ def test_metal_language_check_covers_the_kernels(tmp_path):
         Library([tmp_path / "metal" / "fp_qmm.metal"], include_dirs=[tmp_path / "metal"])
 
 
-@pytest.mark.parametrize("host_name", EXPECTED_KERNELS)
+@pytest.mark.parametrize("host_name", [k for k in EXPECTED_KERNELS if "gather" not in k])
 def test_every_kernel_runs(host_name):
     family, codes, type_name = host_name.removeprefix("fpqmm_").rsplit("_", 2)
     transpose, kernel, M = FAMILIES[family]
@@ -115,6 +118,34 @@ def test_every_kernel_runs(host_name):
         device=device,
     )
     assert run.plan["kernel"] == host_name
+
+
+@pytest.mark.parametrize("host_name", [k for k in EXPECTED_KERNELS if "gather" in k])
+def test_every_gather_kernel_runs(host_name):
+    """Pairs of (x matrix, expert), repeated and out of order, with the same
+    tails as the plain kernels."""
+    family, codes, type_name = host_name.removeprefix("fpqmm_gather_").rsplit("_", 2)
+    transpose, kernel, M = FAMILIES[family]
+    mode, group_size = (NAX_MODE_OF_CODES if kernel == "nax" else MODE_OF_CODES)[codes]
+    N, K = (40, 5 * group_size) if transpose else (48, 37)
+    w_q, scales = quantized((3, N, K) if transpose else (3, K, N), mode, group_size)
+    x = mx.random.normal((2, M, K)).astype(TYPES[type_name])
+    lhs, rhs = mx.array([1, 0, 1, 1]), mx.array([2, 0, 2, 1])
+    run = run_metal(
+        x,
+        w_q,
+        scales,
+        mode=mode,
+        transpose=transpose,
+        group_size=group_size,
+        lhs_indices=lhs,
+        rhs_indices=rhs,
+        kernel=kernel,
+        device=NAX_DEVICE if kernel == "nax" else "applegpu_g16s",
+    )
+    assert run.plan["kernel"] == host_name
+    reference = gather_reference(x, w_q, scales, lhs, rhs, mode, transpose, group_size)
+    assert relative_error(mx.array(run.y), reference) < TOLERANCE[x.dtype]
 
 
 MODES = ["mxfp4", "nvfp4", "mxfp8", "fp4", "fp8"]

@@ -66,14 +66,18 @@ void FpGatherQuantizedMatmul::eval_cpu(
     if (out.size() == 0) {
       return;
     }
-    const auto& x = inputs[0];
-    const auto& w = inputs[1];
-    const auto& scales = inputs[2];
-    const uint32_t* lhs = inputs[3].data<uint32_t>();
-    const uint32_t* rhs = inputs[4].data<uint32_t>();
+    const auto& x = input(inputs, GatherInput::x);
+    const auto& w = input(inputs, GatherInput::w);
+    const auto& scales = input(inputs, GatherInput::scales);
+    const auto& lhs_indices = input(inputs, GatherInput::lhs_indices);
+    const uint32_t* lhs = lhs_indices.data<uint32_t>();
+    const uint32_t* rhs =
+        input(inputs, GatherInput::rhs_indices).data<uint32_t>();
     const float* expert_scales =
-        inputs.size() > 5 ? inputs[5].data<float>() : nullptr;
-    const int64_t pairs = inputs[3].size();
+        has_expert_scales(inputs)
+            ? input(inputs, GatherInput::global_scale).data<float>()
+            : nullptr;
+    const int64_t pairs = lhs_indices.size();
     const int64_t M = out.shape(-2);
     const int64_t N = out.shape(-1);
     const int64_t K = x.shape(-1);

@@ -124,11 +124,9 @@ nb::object binding_value(const BufferBinding& binding) {
       [&](const auto& value) -> nb::object {
         using V = std::decay_t<decltype(value)>;
         if constexpr (std::is_same_v<V, Operand>) {
-          std::string_view name =
-              value == Operand::y
-                  ? "y"
-                  : kInputNames[static_cast<size_t>(input_of(value))];
-          return nb::make_tuple("operand", std::string(name));
+          return nb::make_tuple(
+              "operand",
+              std::string(kOperandNames[static_cast<size_t>(value)]));
         } else if constexpr (std::is_same_v<V, int32_t>) {
           return nb::make_tuple("int32", value);
         } else if constexpr (std::is_same_v<V, std::vector<int32_t>>) {
@@ -170,11 +168,44 @@ nb::dict plan_dict(const KernelPlan& plan) {
   return result;
 }
 
+// The FpGatherQuantizedMatmul node the validated op builds for this call.
+mx::array gather_node(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& lhs_indices,
+    const std::optional<mx::array>& rhs_indices,
+    const std::optional<mx::array>& global_scale,
+    const std::string& mode,
+    std::optional<int> group_size,
+    bool transpose) {
+  if (mode == "affine") {
+    throw std::invalid_argument(
+        "mode 'affine' runs on MLX's own kernels, not mlx_fpqmm's.");
+  }
+  return mlx_fpqmm::gather_qmm(
+      x,
+      w,
+      scales,
+      std::nullopt,
+      lhs_indices,
+      rhs_indices,
+      transpose,
+      group_size,
+      std::nullopt,
+      mode,
+      global_scale,
+      false,
+      mx::Device::cpu);
+}
+
 nb::dict plan_call(
     const mx::array& x,
     const mx::array& w,
     const mx::array& scales,
     const std::optional<mx::array>& global_scale,
+    const std::optional<mx::array>& lhs_indices,
+    const std::optional<mx::array>& rhs_indices,
     const std::string& mode,
     std::optional<int> group_size,
     bool transpose,
@@ -183,24 +214,50 @@ nb::dict plan_call(
     const std::optional<std::string>& kernel,
     std::optional<bool> nax_kernels_built,
     bool with_operands) {
+  // With indices, the gather primitive (mixture of experts).
+  bool gather = lhs_indices || rhs_indices;
   auto node =
-      primitive_node(x, w, scales, global_scale, mode, group_size, transpose);
-  auto& primitive = static_cast<FpQuantizedMatmul&>(node.primitive());
-  auto [primitive_mode, primitive_group_size, primitive_transpose] =
-      primitive.state();
+      gather ? gather_node(
+                   x,
+                   w,
+                   scales,
+                   lhs_indices,
+                   rhs_indices,
+                   global_scale,
+                   mode,
+                   group_size,
+                   transpose)
+             : primitive_node(
+                   x, w, scales, global_scale, mode, group_size, transpose);
   auto inputs = node.inputs();
   if (with_operands) {
     // What eval_gpu receives: evaluated inputs, readable in place.
     mx::eval(inputs);
-    check_readable_in_place(inputs);
+    if (!gather) {
+      check_readable_in_place(inputs);
+    }
   }
-  auto problem = describe_problem(
-      inputs,
-      node.shape(),
-      primitive_mode,
-      primitive_group_size,
-      primitive_transpose,
-      with_operands);
+  QmmProblem problem;
+  if (gather) {
+    auto [primitive_mode, primitive_group_size, primitive_transpose, sorted] =
+        static_cast<FpGatherQuantizedMatmul&>(node.primitive()).state();
+    problem = describe_gather_problem(
+        inputs,
+        node.shape(),
+        primitive_mode,
+        primitive_group_size,
+        primitive_transpose);
+  } else {
+    auto [primitive_mode, primitive_group_size, primitive_transpose] =
+        static_cast<FpQuantizedMatmul&>(node.primitive()).state();
+    problem = describe_problem(
+        inputs,
+        node.shape(),
+        primitive_mode,
+        primitive_group_size,
+        primitive_transpose,
+        with_operands);
+  }
   // By default: on a Mac, whether this build installed the NAX library;
   // elsewhere the device is hypothetical, built with an SDK that has Metal 4.
   if (!nax_kernels_built) {
@@ -220,8 +277,8 @@ nb::dict plan_call(
   if (with_operands) {
     nb::dict operands;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      operands[nb::str(kInputNames[i].data(), kInputNames[i].size())] =
-          reachable_bytes(inputs[i]);
+      auto name = gather ? kGatherInputNames[i] : kInputNames[i];
+      operands[nb::str(name.data(), name.size())] = reachable_bytes(inputs[i]);
     }
     result["operands"] = operands;
   }
@@ -240,6 +297,8 @@ void register_metal_bindings(nb::module_& m) {
          std::optional<int> group_size,
          const std::string& mode,
          const std::optional<mx::array>& global_scale,
+         const std::optional<mx::array>& lhs_indices,
+         const std::optional<mx::array>& rhs_indices,
          const std::optional<std::string>& device,
          const std::optional<std::string>& macos,
          const std::optional<std::string>& kernel) {
@@ -248,6 +307,8 @@ void register_metal_bindings(nb::module_& m) {
             w,
             scales,
             global_scale,
+            lhs_indices,
+            rhs_indices,
             mode,
             group_size,
             transpose,
@@ -265,6 +326,8 @@ void register_metal_bindings(nb::module_& m) {
       "mode"_a = "mxfp4",
       nb::kw_only(),
       "global_scale"_a = nb::none(),
+      "lhs_indices"_a = nb::none(),
+      "rhs_indices"_a = nb::none(),
       "device"_a = nb::none(),
       "macos"_a = nb::none(),
       "kernel"_a = nb::none(),
@@ -274,6 +337,8 @@ void register_metal_bindings(nb::module_& m) {
           "transpose: bool = True, group_size: typing.Optional[int] = None, "
           "mode: str = 'mxfp4', *, global_scale: "
           "typing.Optional[mlx.core.array] = None, "
+          "lhs_indices: typing.Optional[mlx.core.array] = None, "
+          "rhs_indices: typing.Optional[mlx.core.array] = None, "
           "device: typing.Optional[str] = None, macos: typing.Optional[str] = "
           "None, "
           "kernel: typing.Optional[str] = None) -> dict"),
@@ -286,6 +351,9 @@ void register_metal_bindings(nb::module_& m) {
         Args:
             x, w, scales, transpose, group_size, mode, global_scale: as for
               :func:`quantized_matmul` / :func:`fp4_qmm`.
+            lhs_indices, rhs_indices (array, optional): as for
+              :func:`gather_qmm`: plan that call (the mixture-of-experts
+              kernels, ``fpqmm_gather_...``) instead.
             device (str, optional): GPU architecture name such as
               ``"applegpu_g16s"`` (generation 16, size class ``s``). Default:
               this machine's GPU.
@@ -309,6 +377,8 @@ void register_metal_bindings(nb::module_& m) {
       "w"_a,
       "scales"_a,
       "global_scale"_a.none(),
+      "lhs_indices"_a.none(),
+      "rhs_indices"_a.none(),
       "mode"_a,
       "group_size"_a.none(),
       "transpose"_a,

@@ -33,8 +33,9 @@ std::string_view codes_name(Mode mode) {
 
 std::string kernel_name(
     std::string_view kernel, int block_m, const QmmProblem& problem) {
-  return "fpqmm_" + std::string(kernel) + "_bm" + std::to_string(block_m) +
-         "_" + std::string(codes_name(problem.mode)) + "_" +
+  return std::string(problem.gather ? "fpqmm_gather_" : "fpqmm_") +
+         std::string(kernel) + "_bm" + std::to_string(block_m) + "_" +
+         std::string(codes_name(problem.mode)) + "_" +
          std::string(type_name(problem.x_type));
 }
 
@@ -120,6 +121,12 @@ void bind_buffers(const QmmProblem& p, KernelPlan& plan) {
   b.push_back({FPQMM_BUFFER_W_BATCH_STRIDES, nonempty(p.w_batch_strides)});
   b.push_back(
       {FPQMM_BUFFER_SCALES_BATCH_STRIDES, nonempty(p.scales_batch_strides)});
+  if (p.gather) {
+    b.push_back({FPQMM_BUFFER_LHS_INDICES, Operand::lhs_indices});
+    b.push_back({FPQMM_BUFFER_RHS_INDICES, Operand::rhs_indices});
+    b.push_back({FPQMM_BUFFER_X_MATRICES, int32_t(p.x_matrices)});
+    b.push_back({FPQMM_BUFFER_W_MATRICES, int32_t(p.w_matrices)});
+  }
 }
 
 }  // namespace

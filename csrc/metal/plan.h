@@ -57,6 +57,12 @@ struct QmmProblem {
   std::vector<int64_t> x_batch_strides;
   std::vector<int64_t> w_batch_strides;
   std::vector<int64_t> scales_batch_strides;
+  // Gather (mixture of experts): batch_shape holds the number of index
+  // pairs; pair z multiplies x matrix lhs_indices[z] with W matrix
+  // rhs_indices[z], out of x_matrices and w_matrices row-contiguous ones.
+  bool gather = false;
+  int x_matrices = 0;
+  int w_matrices = 0;
 
   int64_t batch_count() const;
 };
@@ -91,7 +97,10 @@ PathChoice choose_path(
 inline constexpr std::string_view kBaseLibrary = "mlx_fpqmm";
 inline constexpr std::string_view kNaxLibrary = "mlx_fpqmm_nax";
 
-enum class Operand { w, scales, global_scale, x, y };
+enum class Operand { w, scales, global_scale, x, y, lhs_indices, rhs_indices };
+
+inline constexpr std::array<std::string_view, 7> kOperandNames = {
+    "w", "scales", "global_scale", "x", "y", "lhs_indices", "rhs_indices"};
 
 struct BufferBinding {
   int index;

@@ -1,7 +1,9 @@
-// FpQuantizedMatmul on Apple GPUs: carries out the plan of csrc/metal/plan.h
-// (kernel, grid, threadgroup memory, function constants, buffers) with the
-// project's own metallibs, installed beside this module.
+// FpQuantizedMatmul and FpGatherQuantizedMatmul on Apple GPUs: carry out the
+// plan of csrc/metal/plan.h (kernel, grid, threadgroup memory, function
+// constants, buffers) with the project's own metallibs, installed beside
+// this module.
 #include <stdexcept>
+#include <string>
 
 #include "primitives.h"
 
@@ -26,29 +28,15 @@ metal::GpuDevice gpu_device(mx::metal::Device& d) {
   return {d.get_architecture(), macos.first, macos.second};
 }
 
-}  // namespace
-
-void FpQuantizedMatmul::eval_gpu(
-    const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& s = stream();
+// Carries out `plan` on stream `s`: `input_for` gives the array an operand
+// binds.
+template <typename InputFor>
+void run_plan(
+    const metal::KernelPlan& plan,
+    mx::Stream s,
+    mx::array& out,
+    InputFor&& input_for) {
   auto& d = mx::metal::device(s.device);
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  if (out.size() == 0) {
-    return;
-  }
-  // The ops copy inputs where needed (libmlx's GPU copy is not exported to
-  // eval_gpu), so a failure here is a bug.
-  check_readable_in_place(inputs);
-  auto problem = metal::describe_problem(
-      inputs, out.shape(), mode_, group_size_, transpose_, true);
-  // The NAX library is loaded only where the plan chose it, so only on
-  // GPUs and macOS versions that pass its rule.
-  auto plan = metal::plan(
-      problem,
-      gpu_device(d),
-      metal::kernel_request_from_env(),
-      metal::nax_library_installed());
-
   mx::metal::MTLFCList constants;
   for (const auto& constant : plan.constants) {
     bool is_bool = std::holds_alternative<bool>(constant.value);
@@ -72,8 +60,7 @@ void FpQuantizedMatmul::eval_gpu(
             if (value == metal::Operand::y) {
               encoder.set_output_array(out, binding.index);
             } else {
-              encoder.set_input_array(
-                  input(inputs, metal::input_of(value)), binding.index);
+              encoder.set_input_array(input_for(value), binding.index);
             }
           } else if constexpr (std::is_same_v<V, int32_t>) {
             encoder.set_bytes(value, binding.index);
@@ -91,16 +78,61 @@ void FpQuantizedMatmul::eval_gpu(
       MTL::Size(plan.threadgroup[0], plan.threadgroup[1], plan.threadgroup[2]));
 }
 
+// The plan of `problem` on the stream's GPU. The NAX library is loaded only
+// where the plan chose it, so only on GPUs and macOS versions that pass its
+// rule.
+metal::KernelPlan plan_on(const metal::QmmProblem& problem, mx::Stream s) {
+  return metal::plan(
+      problem,
+      gpu_device(mx::metal::device(s.device)),
+      metal::kernel_request_from_env(),
+      metal::nax_library_installed());
+}
+
+}  // namespace
+
+void FpQuantizedMatmul::eval_gpu(
+    const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) {
+    return;
+  }
+  // The ops copy inputs where needed (libmlx's GPU copy is not exported to
+  // eval_gpu), so a failure here is a bug.
+  check_readable_in_place(inputs);
+  auto problem = metal::describe_problem(
+      inputs, out.shape(), mode_, group_size_, transpose_, true);
+  run_plan(plan_on(problem, stream()), stream(), out, [&](metal::Operand o) {
+    return input(inputs, metal::input_of(o));
+  });
+}
+
+void FpGatherQuantizedMatmul::eval_gpu(
+    const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) {
+    return;
+  }
+  // Every input is row-contiguous (fp_gather_qmm_unchecked makes it so).
+  auto problem = metal::describe_gather_problem(
+      inputs, out.shape(), mode_, group_size_, transpose_);
+  run_plan(plan_on(problem, stream()), stream(), out, [&](metal::Operand o) {
+    return input(inputs, metal::gather_input_of(o));
+  });
+}
+
 }  // namespace mlx_fpqmm
 
 #else  // no Metal in this build
 
 namespace mlx_fpqmm {
 
-void FpGatherQuantizedMatmul::eval_gpu(
-    const std::vector<mx::array>&, mx::array&) {
+namespace {
+
+[[noreturn]] void no_metal_kernels(const std::string& primitive) {
   throw std::runtime_error(
-      "[FpGatherQuantizedMatmul] This build of mlx_fpqmm has no Metal kernels"
+      "[" + primitive +
+      "] This build of mlx_fpqmm has no Metal kernels"
 #ifdef MLX_FPQMM_NO_METAL_KERNELS
       " (it was built with MLX_FPQMM_METAL=OFF)"
 #endif
@@ -108,14 +140,15 @@ void FpGatherQuantizedMatmul::eval_gpu(
       "mx.set_default_device(mx.cpu)).");
 }
 
+}  // namespace
+
 void FpQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::runtime_error(
-      "[FpQuantizedMatmul] This build of mlx_fpqmm has no Metal kernels"
-#ifdef MLX_FPQMM_NO_METAL_KERNELS
-      " (it was built with MLX_FPQMM_METAL=OFF)"
-#endif
-      "; run the op on the CPU with stream=mx.cpu (or "
-      "mx.set_default_device(mx.cpu)).");
+  no_metal_kernels(name());
+}
+
+void FpGatherQuantizedMatmul::eval_gpu(
+    const std::vector<mx::array>&, mx::array&) {
+  no_metal_kernels(name());
 }
 
 }  // namespace mlx_fpqmm

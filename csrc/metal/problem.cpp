@@ -38,9 +38,27 @@ Input input_of(Operand operand) {
     case Operand::x:
       return Input::x;
     case Operand::y:
+    case Operand::lhs_indices:
+    case Operand::rhs_indices:
       break;
   }
-  throw std::invalid_argument("[metal] y is the output, not an input.");
+  throw std::invalid_argument(
+      "[metal] " + std::string(kOperandNames[static_cast<int>(operand)]) +
+      " is not an input of FpQuantizedMatmul.");
+}
+
+GatherInput gather_input_of(Operand operand) {
+  switch (operand) {
+    case Operand::lhs_indices:
+      return GatherInput::lhs_indices;
+    case Operand::rhs_indices:
+      return GatherInput::rhs_indices;
+    case Operand::global_scale:
+      return GatherInput::global_scale;
+    default:
+      // x, w and scales lead both input lists.
+      return static_cast<GatherInput>(input_of(operand));
+  }
 }
 
 QmmProblem describe_problem(
@@ -79,6 +97,42 @@ QmmProblem describe_problem(
   problem.w_batch_strides =
       batch_strides(input(inputs, Input::w), strides_known);
   problem.scales_batch_strides = batch_strides(scales, strides_known);
+  return problem;
+}
+
+QmmProblem describe_gather_problem(
+    const std::vector<mx::array>& inputs,
+    const mx::Shape& out_shape,
+    Mode mode,
+    int group_size,
+    bool transpose) {
+  const auto& x = input(inputs, GatherInput::x);
+  const auto& w = input(inputs, GatherInput::w);
+  const auto& scales = input(inputs, GatherInput::scales);
+  QmmProblem problem{
+      mode,
+      group_size,
+      transpose,
+      x.shape(-2),
+      out_shape.back(),
+      x.shape(-1),
+      float_type(x.dtype())};
+  if (format_for(mode).scales == ScaleKind::floating) {
+    problem.scale_type = float_type(scales.dtype());
+  }
+  problem.has_global_scale = has_expert_scales(inputs);
+  problem.gather = true;
+  auto matrices = [](const mx::array& a) {
+    int64_t count = 1;
+    for (int axis = 0; axis + 2 < static_cast<int>(a.ndim()); ++axis) {
+      count *= a.shape(axis);
+    }
+    return static_cast<int>(count);
+  };
+  problem.x_matrices = matrices(x);
+  problem.w_matrices = matrices(w);
+  problem.batch_shape = {
+      static_cast<int>(input(inputs, GatherInput::lhs_indices).size())};
   return problem;
 }
 

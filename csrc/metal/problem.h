@@ -17,6 +17,8 @@ namespace mx = mlx::core;
 
 // The primitive's input a kernel operand other than y binds.
 Input input_of(Operand operand);
+// The same for FpGatherQuantizedMatmul.
+GatherInput gather_input_of(Operand operand);
 
 // `inputs` are the primitive's (Input in primitives.h), already readable in
 // place (readable_in_place). Without `strides_known` (unevaluated arrays) the
@@ -28,6 +30,15 @@ QmmProblem describe_problem(
     int group_size,
     bool transpose,
     bool strides_known);
+
+// The same for FpGatherQuantizedMatmul's inputs (GatherInput in
+// primitives.h), row-contiguous as the op makes them.
+QmmProblem describe_gather_problem(
+    const std::vector<mx::array>& inputs,
+    const mx::Shape& out_shape,
+    Mode mode,
+    int group_size,
+    bool transpose);
 
 // "26.2" -> {26, 2}; throws on anything else.
 std::pair<int, int> parse_os_version(const std::string& version);

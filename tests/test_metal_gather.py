@@ -1,0 +1,80 @@
+"""gather_qmm on the Metal kernels (through the simulator), planned as on the GPU."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from reference import TOLERANCE, gather_reference, relative_error
+
+import mlx_fpqmm
+from mlx_fpqmm.testing import metal_gather_qmm, run_metal
+
+
+def experts(mode, E, rows, cols, global_scale=False):
+    w = mx.random.normal((E, rows, cols))
+    if not global_scale:
+        return (*mlx_fpqmm.quantize(w, mode=mode), None)
+    scales = mx.max(mx.abs(w), axis=(1, 2)).astype(mx.float32)
+    parts = [mlx_fpqmm.quantize(w[e], mode=mode, global_scale=scales[e]) for e in range(E)]
+    return mx.stack([p[0] for p in parts]), mx.stack([p[1] for p in parts]), scales
+
+
+@pytest.mark.parametrize("mode", ["mxfp4", "nvfp4", "mxfp8", "fp4", "fp8"])
+@pytest.mark.parametrize("tokens", [1, 40])
+def test_router_shaped_calls(mode, tokens):
+    """mlx-lm's call: x (tokens, 1, 1, K), rhs_indices (tokens, top_k)."""
+    E, N, K = 4, 48, 128
+    w_q, scales, global_scale = experts(mode, E, N, K, global_scale=mode == "nvfp4")
+    x = mx.random.normal((tokens, 1, 1, K)).astype(mx.float16)
+    rhs = mx.array(np.random.default_rng(tokens).integers(0, E, (tokens, 2)))
+    y = metal_gather_qmm(x, w_q, scales, rhs_indices=rhs, mode=mode, global_scale=global_scale)
+    assert y.shape == (tokens, 2, 1, N)
+    lhs = np.arange(tokens).reshape(tokens, 1)
+    reference = gather_reference(x, w_q, scales, lhs, rhs, mode, global_scale=global_scale)
+    assert relative_error(mx.array(y), reference) < TOLERANCE[mx.float16]
+    cpu = mlx_fpqmm.gather_qmm(
+        x, w_q, scales, rhs_indices=rhs, mode=mode, global_scale=global_scale
+    )
+    assert relative_error(cpu, reference) < TOLERANCE[mx.float16]
+
+
+def test_many_rows_per_pair_take_the_mma_kernel():
+    E, N, K = 3, 64, 96
+    w_q, scales, _ = experts("mxfp8", E, N, K)
+    x = mx.random.normal((2, 50, K))
+    lhs, rhs = mx.array([0, 1, 1]), mx.array([2, 2, 0])
+    run = run_metal(x, w_q, scales, mode="mxfp8", lhs_indices=lhs, rhs_indices=rhs)
+    assert run.plan["kernel"] == "fpqmm_gather_mma_t_bm64_e4m3_float32"
+    assert run.plan["grid"][2] == 3  # one z per pair
+    reference = gather_reference(x, w_q, scales, lhs, rhs, "mxfp8")
+    assert relative_error(mx.array(run.y), reference) < 1e-5
+    # Each pair's tile reads its expert's weights once: 3 pairs, ceil(50 / 64) row blocks.
+    assert run.counters["buffers"][0]["bytes_read"] == 3 * w_q[0].nbytes
+
+
+def test_out_of_range_indices_give_nan_rows():
+    E, N, K = 3, 32, 64
+    w_q, scales, _ = experts("mxfp4", E, N, K)
+    x = mx.random.normal((4, 1, K))
+    y = metal_gather_qmm(x, w_q, scales, rhs_indices=mx.array([0, 3, 2, 7]), mode="mxfp4")
+    assert np.isnan(y).all(axis=(1, 2)).tolist() == [False, True, False, True]
+
+
+def test_kernel_path_names_the_gather_kernel():
+    w_q, scales, _ = experts("mxfp4", 4, 64, 128)
+    x = mx.zeros((8, 1, 1, 128))
+    rhs = mx.zeros((8, 2), mx.int32)
+    plan = mlx_fpqmm.kernel_path(x, w_q, scales, rhs_indices=rhs, device="applegpu_g16s")
+    assert plan["kernel"] == "fpqmm_gather_qmv_bm8_e2m1_float32"
+    assert plan["grid"][2] == 16
+    buffers = plan["buffers"]
+    assert buffers[13] == ("operand", "lhs_indices")
+    assert buffers[14] == ("operand", "rhs_indices")
+    assert buffers[15] == ("int32", 8) and buffers[16] == ("int32", 4)
+    plain = mlx_fpqmm.kernel_path(x[0, 0], w_q[0], scales[0], device="applegpu_g16s")
+    assert plain["kernel"] == "fpqmm_qmv_bm8_e2m1_float32"
+
+
+def test_metal_gather_qmm_needs_indices():
+    w_q, scales, _ = experts("mxfp4", 2, 32, 64)
+    with pytest.raises(ValueError, match="needs lhs_indices or rhs_indices"):
+        metal_gather_qmm(mx.zeros((1, 64)), w_q, scales, mode="mxfp4")
