@@ -6,6 +6,11 @@ float32 matmul in NumPy of the same shape, next to two limits measured in the
 same run: the memory read bandwidth (a streaming read on every core) and the
 NumPy sgemm rate. Slow MLX baselines are measured where they fit a time budget
 and extrapolated linearly in M beyond it (marked ``~``).
+
+``--moe`` times the mixture-of-experts product instead: ``gather_qmm`` against
+``mx.gather_qmm`` for one expert projection (a gpt-oss-20b-like one by
+default: 32 experts of 2880 x 2880, top 4), with fresh random routing on every
+call so that the experts' weights come from memory.
 """
 
 from __future__ import annotations
@@ -284,6 +289,94 @@ def plot(path: str, rows: list[Row], bandwidth: float, sgemm: float) -> None:
     fig.savefig(path, dpi=120)
 
 
+MOE_TOKENS = (1, 8, 128)
+
+
+@dataclass
+class MoeRow:
+    tokens: int
+    mode: str
+    dtype: str
+    expert_bytes: int
+    ours: Timing
+    mlx: Timing | None
+    distinct_experts: float  # per call, on average
+
+
+def bench_moe_row(
+    tokens: int, mode: str, dtype_name: str, args: argparse.Namespace, slow: Extrapolator
+) -> MoeRow:
+    experts, (N, K), top_k = args.experts, args.moe_shape, args.top_k
+    w_q, scales = mlx_fpqmm.quantize(mx.random.normal((experts, N, K)) * 0.02, mode=mode)
+    x = mx.random.normal((tokens, 1, 1, K)).astype(getattr(mx, dtype_name))
+    rng = np.random.default_rng(0)
+    # Fresh routing per call: each token picks top_k distinct experts.
+    routes = [
+        mx.array(np.argsort(rng.random((tokens, experts)), axis=1)[:, :top_k])
+        for _ in range(max(args.reps, 8) + 60)
+    ]
+    mx.eval(w_q, scales, x, routes)
+    distinct = statistics.mean(len(set(np.array(r).ravel().tolist())) for r in routes)
+
+    def ours(i: int) -> None:
+        indices = routes[i % len(routes)]
+        mx.eval(mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=indices, mode=mode))
+
+    def mlx() -> None:
+        indices = routes[0]
+        mx.eval(mx.gather_qmm(x, w_q, scales, rhs_indices=indices, mode=mode, stream=mx.cpu))
+
+    result = measure(ours, args.reps)
+    mlx_time = slow(("moe", mode, dtype_name), tokens, mlx) if args.mlx_budget > 0 else None
+    expert_bytes = (w_q.nbytes + scales.nbytes) // experts
+    return MoeRow(tokens, mode, dtype_name, expert_bytes, result, mlx_time, distinct)
+
+
+def moe_main(args: argparse.Namespace, bandwidth: float, out) -> None:
+    N, K = args.moe_shape
+    print(
+        f"mixture of experts: {args.experts} experts of {N}x{K}, top {args.top_k}, "
+        "fresh routing per call",
+        file=out,
+    )
+    print(
+        f"{'tokens':>6} {'mode':>6} {'dtype':>8} | {'ours ms':>8} {'spread':>6} {'GB/s':>6} "
+        f"{'of bw':>6} | {'mx.gather_qmm ms':>16} {'x':>6}",
+        file=out,
+    )
+    slow = Extrapolator(args.mlx_budget)
+    rows = []
+    for mode in args.modes:
+        for dtype in args.dtypes:
+            for tokens in MOE_TOKENS:
+                row = bench_moe_row(tokens, mode, dtype, args, slow)
+                rows.append(row)
+                rate = row.distinct_experts * row.expert_bytes / row.ours.best
+                speedup = row.mlx.best / row.ours.best if row.mlx else None
+                print(
+                    f"{tokens:>6} {mode:>6} {dtype:>8} | {row.ours.best * 1e3:>8.3g} "
+                    f"{row.ours.median / row.ours.best:>6.2f} {rate / 1e9:>6.1f} "
+                    f"{rate / bandwidth:>6.0%} | {row.mlx.ms() if row.mlx else '-':>16} "
+                    f"{f'{speedup:.0f}' if speedup else '-':>6}",
+                    file=out,
+                    flush=True,
+                )
+                if tokens == 1:
+                    ok = rate / bandwidth >= 0.8
+                    print(f"  target: one token at 80% of read bandwidth "
+                          f"{'met' if ok else 'MISSED'}", file=out)  # fmt: skip
+                if tokens == 128 and speedup:
+                    goal = 100 if dtype == "bfloat16" else 20
+                    ok = speedup >= goal
+                    print(f"  target: {goal}x mx.gather_qmm {'met' if ok else 'MISSED'}",
+                          file=out)  # fmt: skip
+    print(
+        "GB/s: the routed experts' weight bytes per second; of bw: of the read bandwidth; "
+        "x: speedup over mx.gather_qmm (~: extrapolated in tokens)",
+        file=out,
+    )
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m mlx_fpqmm.bench",
@@ -311,6 +404,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds one call of a slow MLX baseline may take before it is "
         "extrapolated in M instead (0 skips them)",
     )
+    parser.add_argument(
+        "--moe", action="store_true", help="time the mixture-of-experts product (gather_qmm)"
+    )
+    parser.add_argument("--experts", type=int, default=32, help="--moe: experts")
+    parser.add_argument("--top-k", type=int, default=4, help="--moe: experts per token")
+    parser.add_argument(
+        "--moe-shape",
+        type=lambda t: tuple(int(v) for v in t.split("x")),
+        default=(2880, 2880),
+        help="--moe: N x K of each expert",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
     parser.add_argument("--plot", metavar="FILE.png", help="draw a roofline-style picture")
     return parser.parse_args(argv)
@@ -325,6 +429,15 @@ def main(argv: list[str] | None = None) -> None:
     # The best of several runs: the highest rate seen is the limit.
     read_time, sgemm_timing = read_bandwidth(threads), sgemm_time()
     bandwidth, sgemm = (1 << 30) / read_time.best, 2 * 4096**3 / sgemm_timing.best
+    if args.moe:
+        out = sys.stdout
+        print(
+            f"{time.strftime('%Y-%m-%d')}  {platform.machine()}, {threads} threads, "
+            f"mlx {mx.__version__}; read bandwidth {bandwidth / 1e9:.1f} GB/s",
+            file=out,
+        )
+        moe_main(args, bandwidth, out)
+        return
     cases = [
         (M, N, K, mode, dtype)
         for N, K in args.shapes
