@@ -1,5 +1,8 @@
-// The quantization formats: one table, and the one definition of each decode
-// rule (codes and scales) that every CPU path uses.
+// The quantization formats: one table (with the facts derived from the
+// decode rules: largest code, bfloat16 exactness), the one definition of each
+// decode rule (codes and scales) that every CPU path uses, and the one
+// mapping from a mode and its scales' type to the scale encoding the CPU and
+// Metal kernels read (ScaleEncoding, metal/fp_params.h).
 #pragma once
 
 #include <algorithm>

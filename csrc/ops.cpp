@@ -182,6 +182,29 @@ mx::Shape with_batch(const mx::Shape& batch, const mx::array& a) {
   return shape;
 }
 
+// The kernels of every device read their inputs in place (readable_in_place
+// in primitives.h); this makes an array so, with a copy only where needed.
+// Applied before any batch broadcast, so that broadcasts stay views. (On GPU
+// streams it must happen here: libmlx does not export its GPU copy to
+// eval_gpu.)
+mx::array readable_in_place_copy(const mx::array& a, mx::Stream stream) {
+  return mx::contiguous(a, false, stream);
+}
+
+// The primitive on inputs readable in place, in the primitive's order.
+mx::array make_fp_qmm(
+    std::vector<mx::array> inputs,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    mx::Stream stream) {
+  auto primitive =
+      std::make_shared<FpQuantizedMatmul>(stream, mode, group_size, transpose);
+  auto shape = primitive->output_shapes(inputs)[0];
+  auto dtype = input(inputs, Input::x).dtype();
+  return mx::array(std::move(shape), dtype, primitive, std::move(inputs));
+}
+
 mx::array fp_qmm_checked(
     std::string_view op,
     mx::array x,
@@ -216,16 +239,13 @@ mx::array fp_qmm_checked(
   }
 
   auto stream = mx::to_stream(s);
-  // The kernels of every device read inputs in place (readable_in_place in
-  // primitives.h), and libmlx does not export its GPU copy to eval_gpu: copy
-  // here, before the batch broadcast, where a copy is needed at all. x is
-  // made so in fp_qmm_unchecked, which the transforms call too.
-  w = mx::contiguous(w, false, stream);
-  scales = mx::contiguous(scales, false, stream);
   bool vector_input = x.ndim() == 1;
   if (vector_input) {
     x = mx::expand_dims(x, 0, stream);
   }
+  x = readable_in_place_copy(x, stream);
+  w = readable_in_place_copy(w, stream);
+  scales = readable_in_place_copy(scales, stream);
   if (w.ndim() > 2) {
     mx::Shape batch;
     try {
@@ -241,11 +261,8 @@ mx::array fp_qmm_checked(
     w = mx::broadcast_to(w, with_batch(batch, w), stream);
     scales = mx::broadcast_to(scales, with_batch(batch, scales), stream);
   }
-  auto out = fp_qmm_unchecked(
-      x,
-      w,
-      scales,
-      global_scale,
+  auto out = make_fp_qmm(
+      make_inputs(x, w, scales, global_scale),
       format.mode,
       resolved_group_size,
       transpose,
@@ -264,15 +281,14 @@ mx::array fp_qmm_unchecked(
     int group_size,
     bool transpose,
     mx::Stream stream) {
-  // x must be row-contiguous (readable_in_place); cotangents reach here as
-  // broadcasts, for instance. w and scales already are, or are broadcasts of
-  // arrays that are (fp_qmm_checked).
-  auto inputs =
-      make_inputs(mx::contiguous(x, false, stream), w, scales, global_scale);
-  auto primitive =
-      std::make_shared<FpQuantizedMatmul>(stream, mode, group_size, transpose);
-  auto shape = primitive->output_shapes(inputs)[0];
-  return mx::array(std::move(shape), x.dtype(), primitive, std::move(inputs));
+  // w and scales are the primitive's own inputs, readable in place (the op
+  // made them so); x is a cotangent or tangent, e.g. a broadcast.
+  return make_fp_qmm(
+      make_inputs(readable_in_place_copy(x, stream), w, scales, global_scale),
+      mode,
+      group_size,
+      transpose,
+      stream);
 }
 
 mx::array fp4_qmm(

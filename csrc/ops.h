@@ -80,8 +80,9 @@ mx::array dequantize(
     std::optional<mx::Dtype> dtype = std::nullopt,
     mx::StreamOrDevice s = {});
 
-// Builds the primitive on already validated and broadcast inputs (used by the
-// ops and by the primitive's own transforms).
+// Builds the primitive on already validated and broadcast inputs, w and
+// scales readable in place (the primitive's transforms: x is a cotangent or
+// tangent, copied here where needed).
 mx::array fp_qmm_unchecked(
     const mx::array& x,
     const mx::array& w,
