@@ -144,10 +144,17 @@ int check_packed_weights(
   return quantized_length;
 }
 
+mx::Shape batch_shape(const mx::array& a) {
+  return mx::Shape(a.shape().begin(), a.shape().end() - 2);
+}
+
+// One value, or with `experts` (w's batch shape, for gather_qmm) one per
+// matrix of w.
 void check_global_scale(
     std::string_view op,
     const Format& format,
-    const std::optional<mx::array>& global_scale) {
+    const std::optional<mx::array>& global_scale,
+    const std::optional<mx::Shape>& experts = std::nullopt) {
   if (!global_scale) {
     return;
   }
@@ -163,7 +170,15 @@ void check_global_scale(
         "global_scale must be float32 but received " +
             dtype_string(global_scale->dtype()) + ".");
   }
-  if (global_scale->ndim() > 1 || global_scale->size() != 1) {
+  bool one_value = global_scale->ndim() <= 1 && global_scale->size() == 1;
+  if (experts && !one_value && global_scale->shape() != *experts) {
+    fail(
+        op,
+        "global_scale must hold one value or have w's batch shape " +
+            shape_string(*experts) + " but received shape " +
+            shape_string(global_scale->shape()) + ".");
+  }
+  if (!experts && !one_value) {
     fail(
         op,
         "global_scale must hold one value (shape () or (1,)) but received "
@@ -172,8 +187,50 @@ void check_global_scale(
   }
 }
 
-mx::Shape batch_shape(const mx::array& a) {
-  return mx::Shape(a.shape().begin(), a.shape().end() - 2);
+// x's dtype and its last dimension against w's K; returns K.
+int check_x(
+    std::string_view op,
+    const mx::array& x,
+    const mx::array& w,
+    int quantized_length,
+    bool transpose) {
+  if (!is_supported_float(x.dtype())) {
+    fail(
+        op,
+        "x must be float32, float16 or bfloat16 but received " +
+            dtype_string(x.dtype()) + ".");
+  }
+  int K = transpose ? quantized_length : w.shape(-2);
+  if (x.ndim() > 0 && x.shape(-1) != K) {
+    fail(
+        op,
+        "The last dimension of x (" + std::to_string(x.shape(-1)) +
+            ") must equal K=" + std::to_string(K) + " of w with shape " +
+            shape_string(w.shape()) +
+            " (transpose=" + (transpose ? "True" : "False") + ").");
+  }
+  return K;
+}
+
+// MLX's biases and bits arguments, which the fp modes fix.
+void check_biases_and_bits(
+    std::string_view op,
+    const Format& format,
+    const std::optional<mx::array>& biases,
+    std::optional<int> bits) {
+  if (biases) {
+    fail(
+        op,
+        "biases must be None for quantization mode '" +
+            std::string(format.name) + "'.");
+  }
+  if (bits && *bits != format.bits) {
+    fail(
+        op,
+        "bits=" + std::to_string(*bits) + " is not supported for mode '" +
+            std::string(format.name) + "'; expected " +
+            std::to_string(format.bits) + ".");
+  }
 }
 
 mx::Shape with_batch(const mx::Shape& batch, const mx::array& a) {
@@ -216,27 +273,13 @@ mx::array fp_qmm_checked(
     bool transpose,
     mx::StreamOrDevice s) {
   int resolved_group_size = resolve_group_size(op, format, group_size);
-  if (!is_supported_float(x.dtype())) {
-    fail(
-        op,
-        "x must be float32, float16 or bfloat16 but received " +
-            dtype_string(x.dtype()) + ".");
-  }
+  int quantized_length =
+      check_packed_weights(op, format, resolved_group_size, w, scales);
+  check_x(op, x, w, quantized_length, transpose);
   if (x.ndim() == 0) {
     fail(op, "x must have at least 1 dimension but received a 0-d array.");
   }
-  int quantized_length =
-      check_packed_weights(op, format, resolved_group_size, w, scales);
   check_global_scale(op, format, global_scale);
-  int K = transpose ? quantized_length : w.shape(-2);
-  if (x.shape(-1) != K) {
-    fail(
-        op,
-        "The last dimension of x (" + std::to_string(x.shape(-1)) +
-            ") must equal K=" + std::to_string(K) + " of w with shape " +
-            shape_string(w.shape()) +
-            " (transpose=" + (transpose ? "True" : "False") + ").");
-  }
 
   auto stream = mx::to_stream(s);
   bool vector_input = x.ndim() == 1;
@@ -338,15 +381,7 @@ mx::array quantized_matmul(
   constexpr std::string_view op = "quantized_matmul";
   const auto& format = resolve_format(
       op, mode, {Mode::mxfp4, Mode::nvfp4, Mode::mxfp8, Mode::fp4, Mode::fp8});
-  if (biases) {
-    fail(op, "biases must be None for quantization mode '" + mode + "'.");
-  }
-  if (bits && *bits != format.bits) {
-    fail(
-        op,
-        "bits=" + std::to_string(*bits) + " is not supported for mode '" +
-            mode + "'; expected " + std::to_string(format.bits) + ".");
-  }
+  check_biases_and_bits(op, format, biases, bits);
   return fp_qmm_checked(
       op, x, w, scales, std::nullopt, format, group_size, transpose, s);
 }
@@ -606,65 +641,23 @@ mx::array gather_qmm(
   }
   constexpr std::string_view op = "gather_qmm";
   const auto& format = resolve_format(op, mode, kAllModes);
-  if (biases) {
-    fail(op, "biases must be None for quantization mode '" + mode + "'.");
-  }
-  if (bits && *bits != format.bits) {
-    fail(
-        op,
-        "bits=" + std::to_string(*bits) + " is not supported for mode '" +
-            mode + "'; expected " + std::to_string(format.bits) + ".");
-  }
+  check_biases_and_bits(op, format, biases, bits);
   if (!lhs_indices && !rhs_indices) {
     return fp_qmm_checked(
         op, x, w, scales, global_scale, format, group_size, transpose, s);
   }
   int resolved_group_size = resolve_group_size(op, format, group_size);
-  if (!is_supported_float(x.dtype())) {
-    fail(
-        op,
-        "x must be float32, float16 or bfloat16 but received " +
-            dtype_string(x.dtype()) + ".");
-  }
+  int quantized_length =
+      check_packed_weights(op, format, resolved_group_size, w, scales);
+  check_x(op, x, w, quantized_length, transpose);
   if (x.ndim() < 2) {
     fail(
         op,
         "x must have at least 2 dimensions (..., M, K) but received shape " +
             shape_string(x.shape()) + ".");
   }
-  int quantized_length =
-      check_packed_weights(op, format, resolved_group_size, w, scales);
-  int K = transpose ? quantized_length : w.shape(-2);
-  if (x.shape(-1) != K) {
-    fail(
-        op,
-        "The last dimension of x (" + std::to_string(x.shape(-1)) +
-            ") must equal K=" + std::to_string(K) + " of w with shape " +
-            shape_string(w.shape()) +
-            " (transpose=" + (transpose ? "True" : "False") + ").");
-  }
+  check_global_scale(op, format, global_scale, batch_shape(w));
   int64_t experts = batch_size(w);
-  if (global_scale) {
-    if (format.mode != Mode::nvfp4) {
-      fail(
-          op,
-          "global_scale is only supported for mode 'nvfp4' but mode is '" +
-              mode + "'.");
-    }
-    if (global_scale->dtype() != mx::float32) {
-      fail(
-          op,
-          "global_scale must be float32 but received " +
-              dtype_string(global_scale->dtype()) + ".");
-    }
-    if (global_scale->size() != 1 && global_scale->shape() != batch_shape(w)) {
-      fail(
-          op,
-          "global_scale must hold one value or have w's batch shape " +
-              shape_string(batch_shape(w)) + " but received shape " +
-              shape_string(global_scale->shape()) + ".");
-    }
-  }
 
   auto stream = mx::to_stream(s);
   auto lhs = index_array(op, "lhs_indices", lhs_indices, x, stream);

@@ -8,10 +8,9 @@
 #include <limits>
 #include <vector>
 
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/types/half_types.h"
 
+#include "cpu/dispatch.h"
 #include "cpu/qmm.h"
 #include "primitives.h"
 
@@ -51,125 +50,118 @@ bool consecutive(const uint32_t* values, const int64_t* order, int64_t count) {
 
 void FpGatherQuantizedMatmul::eval_cpu(
     const std::vector<mx::array>& inputs, mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& input : inputs) {
-    encoder.set_input_array(input);
-  }
-  encoder.set_output_array(out);
-
-  encoder.dispatch([inputs,
-                    out = mx::array::unsafe_weak_copy(out),
-                    mode = mode_,
-                    group_size = group_size_,
-                    transpose = transpose_]() mutable {
-    if (out.size() == 0) {
-      return;
-    }
-    const auto& x = input(inputs, GatherInput::x);
-    const auto& w = input(inputs, GatherInput::w);
-    const auto& scales = input(inputs, GatherInput::scales);
-    const auto& lhs_indices = input(inputs, GatherInput::lhs_indices);
-    const uint32_t* lhs = lhs_indices.data<uint32_t>();
-    const uint32_t* rhs =
-        input(inputs, GatherInput::rhs_indices).data<uint32_t>();
-    const float* expert_scales =
-        has_expert_scales(inputs)
-            ? input(inputs, GatherInput::global_scale).data<float>()
-            : nullptr;
-    const int64_t pairs = lhs_indices.size();
-    const int64_t M = out.shape(-2);
-    const int64_t N = out.shape(-1);
-    const int64_t K = x.shape(-1);
-    const int64_t x_size = M * K * x.itemsize();
-    const int64_t out_size = M * N * out.itemsize();
-    const int64_t w_size = w.shape(-2) * int64_t(w.shape(-1)) * w.itemsize();
-    const int64_t scales_size =
-        scales.shape(-2) * int64_t(scales.shape(-1)) * scales.itemsize();
-    // The flattened batches of x and w (M * K may be 0).
-    int64_t x_matrices = 1;
-    for (int axis = 0; axis + 2 < static_cast<int>(x.ndim()); ++axis) {
-      x_matrices *= x.shape(axis);
-    }
-    const int64_t experts = w.size() * w.itemsize() / w_size;
-    const char* x_data = x.data<char>();
-    char* out_data = out.data<char>();
-
-    // Pairs by expert (a stable counting sort); pairs with an index out of
-    // range get NaN rows.
-    std::vector<int64_t> starts(experts + 1, 0);
-    for (int64_t b = 0; b < pairs; ++b) {
-      if (lhs[b] < x_matrices && rhs[b] < experts) {
-        ++starts[rhs[b] + 1];
-      } else {
-        fill_nan(out_data + b * out_size, M * N, out.dtype());
-      }
-    }
-    for (int64_t e = 0; e < experts; ++e) {
-      starts[e + 1] += starts[e];
-    }
-    std::vector<int64_t> order(starts.back());
-    std::vector<int64_t> next(starts.begin(), starts.end() - 1);
-    for (int64_t b = 0; b < pairs; ++b) {
-      if (lhs[b] < x_matrices && rhs[b] < experts) {
-        order[next[rhs[b]]++] = b;
-      }
-    }
-
-    std::vector<char> x_panel;
-    std::vector<char> out_panel;
-    for (int64_t e = 0; e < experts; ++e) {
-      const int64_t* run = order.data() + starts[e];
-      const int64_t count = starts[e + 1] - starts[e];
-      if (count == 0) {
-        continue;
-      }
-      // In place when the run's x matrices and outputs are adjacent.
-      const bool x_in_place = consecutive(lhs, run, count);
-      const bool out_in_place =
-          run[count - 1] - run[0] == count - 1;  // run is increasing
-      const char* panel = x_data + lhs[run[0]] * x_size;
-      if (!x_in_place) {
-        x_panel.resize(count * x_size);
-        for (int64_t i = 0; i < count; ++i) {
-          std::memcpy(
-              x_panel.data() + i * x_size,
-              x_data + lhs[run[i]] * x_size,
-              x_size);
+  cpu::dispatch(
+      stream(),
+      inputs,
+      out,
+      [mode = mode_, group_size = group_size_, transpose = transpose_](
+          const std::vector<mx::array>& inputs, mx::array& out) {
+        const auto& x = input(inputs, GatherInput::x);
+        const auto& w = input(inputs, GatherInput::w);
+        const auto& scales = input(inputs, GatherInput::scales);
+        const auto& lhs_indices = input(inputs, GatherInput::lhs_indices);
+        const uint32_t* lhs = lhs_indices.data<uint32_t>();
+        const uint32_t* rhs =
+            input(inputs, GatherInput::rhs_indices).data<uint32_t>();
+        const float* expert_scales =
+            has_expert_scales(inputs)
+                ? input(inputs, GatherInput::global_scale).data<float>()
+                : nullptr;
+        const int64_t pairs = lhs_indices.size();
+        const int64_t M = out.shape(-2);
+        const int64_t N = out.shape(-1);
+        const int64_t K = x.shape(-1);
+        const int64_t x_size = M * K * x.itemsize();
+        const int64_t out_size = M * N * out.itemsize();
+        const int64_t w_size =
+            w.shape(-2) * int64_t(w.shape(-1)) * w.itemsize();
+        const int64_t scales_size =
+            scales.shape(-2) * int64_t(scales.shape(-1)) * scales.itemsize();
+        // The flattened batches of x and w (M * K may be 0).
+        int64_t x_matrices = 1;
+        for (int axis = 0; axis + 2 < static_cast<int>(x.ndim()); ++axis) {
+          x_matrices *= x.shape(axis);
         }
-        panel = x_panel.data();
-      }
-      char* result = out_data + run[0] * out_size;
-      if (!out_in_place) {
-        out_panel.resize(count * out_size);
-        result = out_panel.data();
-      }
-      float global_factor =
-          expert_scales ? expert_scales[e] / kNvfp4GlobalScaleDivisor : 1.0f;
-      cpu::qmm(
-          {&format_for(mode),
-           group_size,
-           transpose,
-           count * M,
-           N,
-           K,
-           x.dtype(),
-           panel,
-           reinterpret_cast<const uint32_t*>(w.data<char>() + e * w_size),
-           scales.data<char>() + e * scales_size,
-           scale_encoding(mode, scales),
-           global_factor,
-           result});
-      if (!out_in_place) {
-        for (int64_t i = 0; i < count; ++i) {
-          std::memcpy(
-              out_data + run[i] * out_size,
-              out_panel.data() + i * out_size,
-              out_size);
+        const int64_t experts = w.size() * w.itemsize() / w_size;
+        const char* x_data = x.data<char>();
+        char* out_data = out.data<char>();
+
+        // Pairs by expert (a stable counting sort); pairs with an index out of
+        // range get NaN rows.
+        std::vector<int64_t> starts(experts + 1, 0);
+        for (int64_t b = 0; b < pairs; ++b) {
+          if (lhs[b] < x_matrices && rhs[b] < experts) {
+            ++starts[rhs[b] + 1];
+          } else {
+            fill_nan(out_data + b * out_size, M * N, out.dtype());
+          }
         }
-      }
-    }
-  });
+        for (int64_t e = 0; e < experts; ++e) {
+          starts[e + 1] += starts[e];
+        }
+        std::vector<int64_t> order(starts.back());
+        std::vector<int64_t> next(starts.begin(), starts.end() - 1);
+        for (int64_t b = 0; b < pairs; ++b) {
+          if (lhs[b] < x_matrices && rhs[b] < experts) {
+            order[next[rhs[b]]++] = b;
+          }
+        }
+
+        std::vector<char> x_panel;
+        std::vector<char> out_panel;
+        for (int64_t e = 0; e < experts; ++e) {
+          const int64_t* run = order.data() + starts[e];
+          const int64_t count = starts[e + 1] - starts[e];
+          if (count == 0) {
+            continue;
+          }
+          // In place when the run's x matrices and outputs are adjacent.
+          const bool x_in_place = consecutive(lhs, run, count);
+          const bool out_in_place =
+              run[count - 1] - run[0] == count - 1;  // run is increasing
+          const char* panel = x_data + lhs[run[0]] * x_size;
+          if (!x_in_place) {
+            x_panel.resize(count * x_size);
+            for (int64_t i = 0; i < count; ++i) {
+              std::memcpy(
+                  x_panel.data() + i * x_size,
+                  x_data + lhs[run[i]] * x_size,
+                  x_size);
+            }
+            panel = x_panel.data();
+          }
+          char* result = out_data + run[0] * out_size;
+          if (!out_in_place) {
+            out_panel.resize(count * out_size);
+            result = out_panel.data();
+          }
+          float global_factor =
+              expert_scales ? expert_scales[e] / kNvfp4GlobalScaleDivisor
+                            : 1.0f;
+          cpu::qmm(
+              {&format_for(mode),
+               group_size,
+               transpose,
+               count * M,
+               N,
+               K,
+               x.dtype(),
+               panel,
+               reinterpret_cast<const uint32_t*>(w.data<char>() + e * w_size),
+               scales.data<char>() + e * scales_size,
+               scale_encoding(mode, scales),
+               global_factor,
+               result});
+          if (!out_in_place) {
+            for (int64_t i = 0; i < count; ++i) {
+              std::memcpy(
+                  out_data + run[i] * out_size,
+                  out_panel.data() + i * out_size,
+                  out_size);
+            }
+          }
+        }
+      });
 }
 
 }  // namespace mlx_fpqmm

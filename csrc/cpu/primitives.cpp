@@ -2,9 +2,7 @@
 // the op has made readable in place (readable_in_place in primitives.h).
 #include <vector>
 
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
-
+#include "cpu/dispatch.h"
 #include "cpu/qmm.h"
 #include "primitives.h"
 
@@ -31,64 +29,55 @@ const char* matrix(const mx::array& a, int64_t index) {
 
 void FpQuantizedMatmul::eval_cpu(
     const std::vector<mx::array>& inputs, mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
   if (out.size() != 0) {
     check_readable_in_place(inputs);
   }
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& input : inputs) {
-    encoder.set_input_array(input);
-  }
-  encoder.set_output_array(out);
-
-  encoder.dispatch([inputs,
-                    out = mx::array::unsafe_weak_copy(out),
-                    mode = mode_,
-                    group_size = group_size_,
-                    transpose = transpose_]() mutable {
-    if (out.size() == 0) {
-      return;
-    }
-    const auto& x = input(inputs, Input::x);
-    const auto& w = input(inputs, Input::w);
-    const auto& scales = input(inputs, Input::scales);
-    bool fold = folds_rows(inputs);
-    int64_t K = x.shape(-1);
-    int64_t N = out.shape(-1);
-    int64_t leading = 1;
-    for (int axis = 0; axis + 2 < static_cast<int>(out.ndim()); ++axis) {
-      leading *= out.shape(axis);
-    }
-    int64_t M = fold ? leading * out.shape(-2) : out.shape(-2);
-    int64_t batches = fold ? 1 : leading;
-    float global_factor = 1.0f;
-    if (has_global_scale(inputs)) {
-      global_factor = *input(inputs, Input::global_scale).data<float>() /
-                      kNvfp4GlobalScaleDivisor;
-    }
-    cpu::QmmArgs args{
-        &format_for(mode),
-        group_size,
-        transpose,
-        M,
-        N,
-        K,
-        x.dtype(),
-        nullptr,
-        nullptr,
-        nullptr,
-        scale_encoding(mode, scales),
-        global_factor,
-        nullptr};
-    char* out_data = out.data<char>();
-    for (int64_t b = 0; b < batches; ++b) {
-      args.x = fold ? x.data<char>() : matrix(x, b);
-      args.w = reinterpret_cast<const uint32_t*>(matrix(w, b));
-      args.scales = matrix(scales, b);
-      args.out = out_data + b * M * N * out.itemsize();
-      cpu::qmm(args);
-    }
-  });
+  cpu::dispatch(
+      stream(),
+      inputs,
+      out,
+      [mode = mode_, group_size = group_size_, transpose = transpose_](
+          const std::vector<mx::array>& inputs, mx::array& out) {
+        const auto& x = input(inputs, Input::x);
+        const auto& w = input(inputs, Input::w);
+        const auto& scales = input(inputs, Input::scales);
+        bool fold = folds_rows(inputs);
+        int64_t K = x.shape(-1);
+        int64_t N = out.shape(-1);
+        int64_t leading = 1;
+        for (int axis = 0; axis + 2 < static_cast<int>(out.ndim()); ++axis) {
+          leading *= out.shape(axis);
+        }
+        int64_t M = fold ? leading * out.shape(-2) : out.shape(-2);
+        int64_t batches = fold ? 1 : leading;
+        float global_factor = 1.0f;
+        if (has_global_scale(inputs)) {
+          global_factor = *input(inputs, Input::global_scale).data<float>() /
+                          kNvfp4GlobalScaleDivisor;
+        }
+        cpu::QmmArgs args{
+            &format_for(mode),
+            group_size,
+            transpose,
+            M,
+            N,
+            K,
+            x.dtype(),
+            nullptr,
+            nullptr,
+            nullptr,
+            scale_encoding(mode, scales),
+            global_factor,
+            nullptr};
+        char* out_data = out.data<char>();
+        for (int64_t b = 0; b < batches; ++b) {
+          args.x = fold ? x.data<char>() : matrix(x, b);
+          args.w = reinterpret_cast<const uint32_t*>(matrix(w, b));
+          args.scales = matrix(scales, b);
+          args.out = out_data + b * M * N * out.itemsize();
+          cpu::qmm(args);
+        }
+      });
 }
 
 }  // namespace mlx_fpqmm

@@ -1,0 +1,37 @@
+// The CPU evaluation boilerplate of the primitives: allocate the output,
+// declare the arrays to the stream's encoder, and run the work on it.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+
+namespace mlx_fpqmm::cpu {
+
+namespace mx = mlx::core;
+
+// Runs task(inputs, out) on `stream`'s CPU worker once the inputs are ready;
+// an empty output needs no task.
+template <typename Task>
+void dispatch(
+    mx::Stream stream,
+    const std::vector<mx::array>& inputs,
+    mx::array& out,
+    Task task) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  for (const auto& input : inputs) {
+    encoder.set_input_array(input);
+  }
+  encoder.set_output_array(out);
+  if (out.size() == 0) {
+    return;
+  }
+  encoder.dispatch([inputs,
+                    out = mx::array::unsafe_weak_copy(out),
+                    task = std::move(task)]() mutable { task(inputs, out); });
+}
+
+}  // namespace mlx_fpqmm::cpu
