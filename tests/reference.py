@@ -97,3 +97,16 @@ def gather_reference(
     )
     shape = (*lhs.shape, *ref.shape[-2:])
     return ref.reshape(shape), mag.reshape(shape)
+
+
+def quantized_experts(mode, E, rows, cols, global_scale=False):
+    """E quantized (rows, cols) matrices (along cols) by mlx_fpqmm.quantize, with one
+    nvfp4 tensor scale per expert when asked: (w_q, scales, global_scale or None)."""
+    import mlx_fpqmm
+
+    w = mx.random.normal((E, rows, cols))
+    if not global_scale:
+        return (*mlx_fpqmm.quantize(w, mode=mode), None)
+    scales = mx.max(mx.abs(w), axis=(1, 2)).astype(mx.float32)
+    parts = [mlx_fpqmm.quantize(w[e], mode=mode, global_scale=scales[e]) for e in range(E)]
+    return mx.stack([p[0] for p in parts]), mx.stack([p[1] for p in parts]), scales

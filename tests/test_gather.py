@@ -9,23 +9,13 @@ from reference import (
     MLX_MODES,
     TOLERANCE,
     gather_reference,
+    quantized_experts,
     relative_error,
 )
 
 import mlx_fpqmm
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-
-
-def experts(mode, E, rows, cols, global_scale=False):
-    """E quantized (rows, cols) matrices (quantized along cols), with per-expert
-    nvfp4 tensor scales when asked."""
-    w = mx.random.normal((E, rows, cols))
-    if not global_scale:
-        return (*mlx_fpqmm.quantize(w, mode=mode), None)
-    scales = mx.max(mx.abs(w), axis=(1, 2)).astype(mx.float32)
-    parts = [mlx_fpqmm.quantize(w[e], mode=mode, global_scale=scales[e]) for e in range(E)]
-    return mx.stack([p[0] for p in parts]), mx.stack([p[1] for p in parts]), scales
 
 
 def routed(tokens, E, top_k):
@@ -41,7 +31,7 @@ def test_rhs_indices_match_reference(mode, dtype, transpose):
     E, free = 5, 40
     quantized = 2 * DEFAULT_GROUP_SIZE[mode] * 2
     N, K = (free, quantized) if transpose else (quantized, free)
-    w_q, scales, _ = experts(mode, E, *((N, K) if transpose else (K, N)))
+    w_q, scales, _ = quantized_experts(mode, E, *((N, K) if transpose else (K, N)))
     indices = routed(7, E, 3)
     x = mx.random.normal((7, 1, 2, K)).astype(dtype)  # M = 2 rows per pair
     y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=indices, transpose=transpose, mode=mode)
@@ -55,7 +45,7 @@ def test_rhs_indices_match_reference(mode, dtype, transpose):
 @pytest.mark.parametrize("index_dtype", [mx.int32, mx.int64, mx.uint32, mx.uint8])
 def test_lhs_rhs_and_broadcast_indices(mode, index_dtype):
     E, N, K = 3, 24, 64
-    w_q, scales, _ = experts(mode, E, N, K)
+    w_q, scales, _ = quantized_experts(mode, E, N, K)
     x = mx.random.normal((4, 3, K))
     cases = {
         "lhs only": (mx.array([3, 0, 0, 2]), None),
@@ -84,7 +74,7 @@ def test_lhs_rhs_and_broadcast_indices(mode, index_dtype):
 def test_same_as_mlx_gather_qmm(mode, transpose):
     np.random.seed(1)
     E, N, K = 6, 64, 96 if mode != "nvfp4" else 80
-    w_q, scales, _ = experts(mode, E, *((N, K) if transpose else (K, N)))
+    w_q, scales, _ = quantized_experts(mode, E, *((N, K) if transpose else (K, N)))
     x = mx.random.normal((9, 1, 1, K))
     indices = routed(9, E, 2)
     kwargs = dict(rhs_indices=indices, transpose=transpose, mode=mode)
@@ -99,7 +89,7 @@ def test_sorted_flag_is_a_hint(sorted_indices):
     """Sorted runs are read in place; unsorted indices with the flag still give
     right results."""
     E, N, K = 4, 32, 64
-    w_q, scales, _ = experts("mxfp4", E, N, K)
+    w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
     x = mx.random.normal((12, 1, K))
     indices = mx.array([0, 0, 1, 1, 1, 2, 3, 3, 0, 2, 1, 3])
     if sorted_indices:
@@ -112,7 +102,7 @@ def test_sorted_flag_is_a_hint(sorted_indices):
 def test_per_expert_global_scale():
     """nvfp4 with one tensor scale per expert, on the CPU too (MLX raises there)."""
     E, N, K = 4, 32, 64
-    w_q, scales, global_scale = experts("nvfp4", E, N, K, global_scale=True)
+    w_q, scales, global_scale = quantized_experts("nvfp4", E, N, K, global_scale=True)
     x = mx.random.normal((5, 1, 1, K))
     indices = routed(5, E, 2)
     y = mlx_fpqmm.gather_qmm(
@@ -133,7 +123,7 @@ def test_per_expert_global_scale():
 def test_wrong_expert_scales_are_caught():
     """The check this file relies on fails when one expert's scales are another's."""
     E, N, K = 3, 16, 64
-    w_q, scales, _ = experts("mxfp8", E, N, K)
+    w_q, scales, _ = quantized_experts("mxfp8", E, N, K)
     x = mx.random.normal((4, 1, 1, K))
     indices = mx.array([[0, 1], [1, 2], [2, 0], [1, 1]])
     reference = gather_reference(x, w_q, scales, np.arange(4).reshape(4, 1), indices, "mxfp8")
@@ -144,7 +134,7 @@ def test_wrong_expert_scales_are_caught():
 
 def test_out_of_range_indices_give_nan_rows():
     E, N, K = 3, 16, 64
-    w_q, scales, _ = experts("mxfp4", E, N, K)
+    w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
     x = mx.random.normal((4, 1, K))
     y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=mx.array([0, 3, -1, 2]), mode="mxfp4")
     rows = np.isnan(np.array(y)).all(axis=(1, 2))
@@ -154,7 +144,7 @@ def test_out_of_range_indices_give_nan_rows():
 
 
 def test_empty_indices():
-    w_q, scales, _ = experts("mxfp4", 3, 16, 64)
+    w_q, scales, _ = quantized_experts("mxfp4", 3, 16, 64)
     x = mx.random.normal((1, 2, 64))
     y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=mx.zeros((0,), mx.int32), mode="mxfp4")
     assert y.shape == (0, 2, 16)
@@ -165,7 +155,7 @@ def test_empty_indices():
 
 
 def test_without_indices_is_quantized_matmul():
-    w_q, scales, _ = experts("fp4", 2, 16, 64)
+    w_q, scales, _ = quantized_experts("fp4", 2, 16, 64)
     x = mx.random.normal((2, 3, 64))
     y = mlx_fpqmm.gather_qmm(x, w_q, scales, mode="fp4")
     expected = mlx_fpqmm.quantized_matmul(x, w_q, scales, mode="fp4")
@@ -186,7 +176,7 @@ def test_affine_is_mlx():
 def test_compile(shapeless):
     """Compiled, also shapeless over the number of tokens. As with mx.gather_qmm, a
     default (arange) index pins the shapes it is made from, so both are given."""
-    w_q, scales, _ = experts("mxfp4", 4, 32, 64)
+    w_q, scales, _ = quantized_experts("mxfp4", 4, 32, 64)
     mx.eval(w_q, scales)
 
     def f(x, lhs, rhs):
@@ -206,7 +196,7 @@ def test_compile(shapeless):
 @pytest.mark.parametrize("lhs", [False, True])
 def test_grad_matches_mlx(mode, lhs):
     E, N, K = 4, 32, 64
-    w_q, scales, _ = experts(mode, E, N, K)
+    w_q, scales, _ = quantized_experts(mode, E, N, K)
     x = mx.random.normal((3, 2, K))
     rhs = mx.array([2, 0, 3, 0])
     lhs_indices = mx.array([1, 1, 0, 2]) if lhs else None
@@ -225,7 +215,7 @@ def test_grad_matches_mlx(mode, lhs):
 
 
 def test_jvp_is_linear_in_x():
-    w_q, scales, _ = experts("fp8", 3, 16, 64)
+    w_q, scales, _ = quantized_experts("fp8", 3, 16, 64)
     x = mx.random.normal((2, 1, 64))
     t = mx.random.normal((2, 1, 64))
     indices = mx.array([[2, 0], [1, 1]]).reshape(2, 2)
@@ -255,7 +245,7 @@ def test_jvp_is_linear_in_x():
     ],
 )
 def test_bad_arguments(kwargs, message):
-    w_q, scales, _ = experts("mxfp4", 3, 16, 64)
+    w_q, scales, _ = quantized_experts("mxfp4", 3, 16, 64)
     x = mx.random.normal((4, 1, 64))
     kwargs = {"mode": "mxfp4", **kwargs}
     with pytest.raises(ValueError, match=message):
@@ -263,7 +253,7 @@ def test_bad_arguments(kwargs, message):
 
 
 def test_bad_global_scale_shape():
-    w_q, scales, _ = experts("nvfp4", 3, 16, 64)
+    w_q, scales, _ = quantized_experts("nvfp4", 3, 16, 64)
     x = mx.random.normal((4, 1, 64))
     with pytest.raises(ValueError, match=r"global_scale must hold one value or have w's batch"):
         mlx_fpqmm.gather_qmm(
@@ -273,7 +263,7 @@ def test_bad_global_scale_shape():
 
 def test_swap_into_mx():
     """Assigning mx.gather_qmm = mlx_fpqmm.gather_qmm routes MLX's callers here."""
-    w_q, scales, _ = experts("mxfp4", 3, 16, 64)
+    w_q, scales, _ = quantized_experts("mxfp4", 3, 16, 64)
     x = mx.random.normal((2, 1, 1, 64))
     indices = mx.array([[0, 2], [1, 0]])
     expected = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=indices, mode="mxfp4")

@@ -3,19 +3,10 @@
 import mlx.core as mx
 import numpy as np
 import pytest
-from reference import TOLERANCE, gather_reference, relative_error
+from reference import TOLERANCE, gather_reference, quantized_experts, relative_error
 
 import mlx_fpqmm
 from mlx_fpqmm.testing import metal_gather_qmm, run_metal
-
-
-def experts(mode, E, rows, cols, global_scale=False):
-    w = mx.random.normal((E, rows, cols))
-    if not global_scale:
-        return (*mlx_fpqmm.quantize(w, mode=mode), None)
-    scales = mx.max(mx.abs(w), axis=(1, 2)).astype(mx.float32)
-    parts = [mlx_fpqmm.quantize(w[e], mode=mode, global_scale=scales[e]) for e in range(E)]
-    return mx.stack([p[0] for p in parts]), mx.stack([p[1] for p in parts]), scales
 
 
 @pytest.mark.parametrize("mode", ["mxfp4", "nvfp4", "mxfp8", "fp4", "fp8"])
@@ -23,7 +14,7 @@ def experts(mode, E, rows, cols, global_scale=False):
 def test_router_shaped_calls(mode, tokens):
     """mlx-lm's call: x (tokens, 1, 1, K), rhs_indices (tokens, top_k)."""
     E, N, K = 4, 48, 128
-    w_q, scales, global_scale = experts(mode, E, N, K, global_scale=mode == "nvfp4")
+    w_q, scales, global_scale = quantized_experts(mode, E, N, K, global_scale=mode == "nvfp4")
     x = mx.random.normal((tokens, 1, 1, K)).astype(mx.float16)
     rhs = mx.array(np.random.default_rng(tokens).integers(0, E, (tokens, 2)))
     y = metal_gather_qmm(x, w_q, scales, rhs_indices=rhs, mode=mode, global_scale=global_scale)
@@ -39,7 +30,7 @@ def test_router_shaped_calls(mode, tokens):
 
 def test_many_rows_per_pair_take_the_mma_kernel():
     E, N, K = 3, 64, 96
-    w_q, scales, _ = experts("mxfp8", E, N, K)
+    w_q, scales, _ = quantized_experts("mxfp8", E, N, K)
     x = mx.random.normal((2, 50, K))
     lhs, rhs = mx.array([0, 1, 1]), mx.array([2, 2, 0])
     run = run_metal(x, w_q, scales, mode="mxfp8", lhs_indices=lhs, rhs_indices=rhs)
@@ -53,14 +44,14 @@ def test_many_rows_per_pair_take_the_mma_kernel():
 
 def test_out_of_range_indices_give_nan_rows():
     E, N, K = 3, 32, 64
-    w_q, scales, _ = experts("mxfp4", E, N, K)
+    w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
     x = mx.random.normal((4, 1, K))
     y = metal_gather_qmm(x, w_q, scales, rhs_indices=mx.array([0, 3, 2, 7]), mode="mxfp4")
     assert np.isnan(y).all(axis=(1, 2)).tolist() == [False, True, False, True]
 
 
 def test_kernel_path_names_the_gather_kernel():
-    w_q, scales, _ = experts("mxfp4", 4, 64, 128)
+    w_q, scales, _ = quantized_experts("mxfp4", 4, 64, 128)
     x = mx.zeros((8, 1, 1, 128))
     rhs = mx.zeros((8, 2), mx.int32)
     plan = mlx_fpqmm.kernel_path(x, w_q, scales, rhs_indices=rhs, device="applegpu_g16s")
@@ -75,6 +66,6 @@ def test_kernel_path_names_the_gather_kernel():
 
 
 def test_metal_gather_qmm_needs_indices():
-    w_q, scales, _ = experts("mxfp4", 2, 32, 64)
+    w_q, scales, _ = quantized_experts("mxfp4", 2, 32, 64)
     with pytest.raises(ValueError, match="needs lhs_indices or rhs_indices"):
         metal_gather_qmm(mx.zeros((1, 64)), w_q, scales, mode="mxfp4")

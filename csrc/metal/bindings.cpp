@@ -79,10 +79,6 @@ mx::array primitive_node(
     const std::string& mode,
     std::optional<int> group_size,
     bool transpose) {
-  if (mode == "affine") {
-    throw std::invalid_argument(
-        "mode 'affine' runs on MLX's own kernels, not mlx_fpqmm's.");
-  }
   auto out = global_scale ? mlx_fpqmm::fp4_qmm(
                                 x,
                                 w,
@@ -179,10 +175,6 @@ mx::array gather_node(
     const std::string& mode,
     std::optional<int> group_size,
     bool transpose) {
-  if (mode == "affine") {
-    throw std::invalid_argument(
-        "mode 'affine' runs on MLX's own kernels, not mlx_fpqmm's.");
-  }
   return mlx_fpqmm::gather_qmm(
       x,
       w,
@@ -214,6 +206,10 @@ nb::dict plan_call(
     const std::optional<std::string>& kernel,
     std::optional<bool> nax_kernels_built,
     bool with_operands) {
+  if (mode == "affine") {
+    throw std::invalid_argument(
+        "mode 'affine' runs on MLX's own kernels, not mlx_fpqmm's.");
+  }
   // With indices, the gather primitive (mixture of experts).
   bool gather = lhs_indices || rhs_indices;
   auto node =
