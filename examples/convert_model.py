@@ -1,6 +1,7 @@
 """Run an mlx-lm model's quantized matmuls on mlx_fpqmm.
 
-python examples/convert_model.py              # offline, on a tiny random llama
+python examples/convert_model.py              # offline, on a tiny random llama and a
+                                              # tiny random gpt-oss (mixture of experts)
 python examples/convert_model.py MODEL        # an mxfp4/nvfp4/mxfp8 mlx-lm model: local
                                               # directory or Hugging Face repo
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generate_step
-from mlx_lm.models import llama
+from mlx_lm.models import gpt_oss, llama
 from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
 import mlx_fpqmm
@@ -28,6 +29,25 @@ TINY_LLAMA = dict(
     rms_norm_eps=1e-5,
     vocab_size=1024,
     tie_word_embeddings=True,
+)
+
+
+# gpt-oss keeps its weights in mxfp4 experts; its routers stay affine 8-bit.
+TINY_GPT_OSS = dict(
+    model_type="gpt_oss",
+    num_hidden_layers=2,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    vocab_size=256,
+    hidden_size=128,
+    intermediate_size=128,
+    head_dim=32,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    sliding_window=8,
+    rope_theta=150000,
+    rope_scaling=None,
+    layer_types=None,
 )
 
 
@@ -81,6 +101,28 @@ def tiny_demo() -> None:
     print(f"fp8 model: max |logits error| / max |logits| = {err.item():.3f}")
 
 
+def tiny_moe_demo() -> None:
+    """The experts of a mixture-of-experts model (mlx-lm's QuantizedSwitchLinear)."""
+    model = gpt_oss.Model(gpt_oss.ModelArgs.from_dict(TINY_GPT_OSS))
+
+    def predicate(path: str, module: nn.Module) -> bool | dict:
+        if not hasattr(module, "to_quantized"):
+            return False
+        if path.endswith("router"):
+            return {"group_size": 64, "bits": 8}
+        return {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+
+    nn.quantize(model, class_predicate=predicate)
+    tokens = mx.array([[(7 * i + 1) % TINY_GPT_OSS["vocab_size"] for i in range(48)]])
+    before, ms_before = timed_forward(model, tokens)
+    print(mlx_fpqmm.convert(model))
+    after, ms_after = timed_forward(model, tokens)
+    print(
+        f"gpt-oss: max |logits diff| {mx.abs(after - before).max().item():.2e}; forward of "
+        f"48 tokens: {ms_before:.1f} ms in MLX, {ms_after:.1f} ms on mlx_fpqmm"
+    )
+
+
 def real_model(path: str) -> None:
     from mlx_lm import generate, load
 
@@ -94,3 +136,4 @@ if __name__ == "__main__":
         real_model(sys.argv[1])
     else:
         tiny_demo()
+        tiny_moe_demo()
