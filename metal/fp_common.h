@@ -107,10 +107,34 @@ inline Operands<T> batch_operands(
       K};
 }
 
+// x (M x K) and y (M x N) times W matrix `expert` (with its global scale).
+// With `valid` false (an index out of range) W matrix 0 is read with a NaN
+// scale factor, so the outputs are NaN and nothing is read out of bounds.
+template <typename T, int bits>
+inline Operands<T> expert_operands(
+    const device uint32_t* w,
+    const device uint8_t* scales,
+    const device float* global_scale,
+    const device T* x,
+    device T* y,
+    int M,
+    int N,
+    int K,
+    uint expert,
+    bool valid) {
+  expert = valid ? expert : 0;
+  const int64_t codes = int64_t(N) * K;
+  float factor =
+      has_global_scale ? global_scale[expert] / kNvfp4GlobalScaleDivisor : 1.0f;
+  GroupScales group_scales{
+      scales + expert * (codes / group_size) * scale_itemsize(scale_encoding),
+      scale_encoding,
+      valid ? factor : as_type<float>(0x7fc00000u)};  // quiet NaN
+  return {w + expert * (codes * bits / 32), group_scales, x, y, M, N, K};
+}
+
 // The operands of gather pair `pair`: x matrix lhs_indices[pair] and W
-// matrix rhs_indices[pair] (with its global scale); y is contiguous. A pair
-// whose index is out of range reads matrix 0 with a NaN scale factor, so its
-// outputs are NaN and nothing is read out of bounds.
+// matrix rhs_indices[pair]; y is contiguous.
 template <typename T, int bits>
 inline Operands<T> gather_operands(
     const device uint32_t* w,
@@ -126,26 +150,20 @@ inline Operands<T> gather_operands(
     int x_matrices,
     int w_matrices,
     uint pair) {
-  uint lhs = lhs_indices[pair];
-  uint rhs = rhs_indices[pair];
+  const uint lhs = lhs_indices[pair];
+  const uint rhs = rhs_indices[pair];
   const bool valid = lhs < uint(x_matrices) && rhs < uint(w_matrices);
-  lhs = valid ? lhs : 0;
-  rhs = valid ? rhs : 0;
-  const int64_t codes = int64_t(N) * K;
-  float factor =
-      has_global_scale ? global_scale[rhs] / kNvfp4GlobalScaleDivisor : 1.0f;
-  GroupScales group_scales{
-      scales + rhs * (codes / group_size) * scale_itemsize(scale_encoding),
-      scale_encoding,
-      valid ? factor : as_type<float>(0x7fc00000u)};  // quiet NaN
-  return {
-      w + rhs * (codes * bits / 32),
-      group_scales,
-      x + lhs * (int64_t(M) * K),
+  return expert_operands<T, bits>(
+      w,
+      scales,
+      global_scale,
+      x + (valid ? lhs : 0) * (int64_t(M) * K),
       y + int64_t(pair) * M * N,
       M,
       N,
-      K};
+      K,
+      rhs,
+      valid);
 }
 
 // Loads `words` consecutive uint32 (1, 2 or 4) in one access.

@@ -196,4 +196,44 @@ template <typename T, int bits, int BM, bool transpose>
       op, x_tile, w_tile, tgid.xy, thread_index, simdgroup, lane);
 }
 
+// The sorted gather kernel (mixture of experts, one row of x per pair with
+// the pairs sorted by expert, as mlx-lm sorts many tokens): x and y are
+// x_matrices rows (M = 1 each), pair r's expert is rhs_indices[r]. A threadgroup walks the runs of
+// equal experts inside its BM rows and computes its tile once per run, so an
+// expert's weights are read once per tile of rows routed to it. Unsorted
+// indices give shorter runs: slower, still right.
+template <typename T, int bits, int BM, bool transpose>
+[[kernel]] void fp_gather_rhs_qmm(
+    FPQMM_BUFFERS(T),
+    FPQMM_GATHER_BUFFERS,
+    threadgroup T* x_tile [[threadgroup(0)]],
+    threadgroup T* w_tile [[threadgroup(1)]],
+    uint3 tgid [[threadgroup_position_in_grid]],
+    ushort thread_index [[thread_index_in_threadgroup]],
+    ushort simdgroup [[simdgroup_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]]) {
+  const int rows_end = min(int(tgid.y + 1) * BM, x_matrices);
+  for (int first = int(tgid.y) * BM; first < rows_end;) {
+    const uint expert = rhs_indices[first];
+    int end = first + 1;
+    while (end < rows_end && rhs_indices[end] == expert) {
+      ++end;
+    }
+    const Operands<T> op = expert_operands<T, bits>(
+        w,
+        scales,
+        global_scale,
+        x + int64_t(first) * K,
+        y + int64_t(first) * N,
+        end - first,
+        N,
+        K,
+        expert,
+        expert < uint(w_matrices));
+    fp_qmm_impl<T, bits, BM, transpose>(
+        op, x_tile, w_tile, uint2(tgid.x, 0), thread_index, simdgroup, lane);
+    first = end;
+  }
+}
+
 }  // namespace fpqmm

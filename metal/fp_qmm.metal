@@ -1,5 +1,6 @@
 // Every kernel of the base metallib, as fpqmm_<kernel>_bm<rows>_<codes>_<type>
-// and, for the gather (mixture-of-experts) variants, fpqmm_gather_<kernel>...:
+// and, for the gather (mixture-of-experts) variants, fpqmm_gather_<kernel>...
+// and the sorted-runs fpqmm_gather_rhs_mma_{t,n}_bm32_...:
 //   qmv_bm8, qmv_bm32  decode, y = x @ W^T (up to 8 / 32 rows of x per pass)
 //   qvm_bm4            decode, y = x @ W
 //   mma_t_bm32, _bm64  simdgroup-matrix tiles, y = x @ W^T
@@ -25,7 +26,11 @@ namespace fpqmm {
 #define FPQMM_INSTANTIATE_ALL(type_name, T, codes, bits)                                              \
   FPQMM_INSTANTIATE_FAMILIES("fpqmm_", fp_qmv, fp_qvm, fp_qmm, type_name, T, codes, bits)             \
   FPQMM_INSTANTIATE_FAMILIES(                                                                        \
-      "fpqmm_gather_", fp_gather_qmv, fp_gather_qvm, fp_gather_qmm, type_name, T, codes, bits)
+      "fpqmm_gather_", fp_gather_qmv, fp_gather_qvm, fp_gather_qmm, type_name, T, codes, bits)       \
+  FPQMM_INSTANTIATE("fpqmm_gather_rhs_mma_t_bm32_" #codes "_" #type_name,                            \
+                    fp_gather_rhs_qmm, T, bits, 32, true)                                            \
+  FPQMM_INSTANTIATE("fpqmm_gather_rhs_mma_n_bm32_" #codes "_" #type_name,                            \
+                    fp_gather_rhs_qmm, T, bits, 32, false)
 
 FPQMM_FOR_TYPES_AND_CODES(FPQMM_INSTANTIATE_ALL)
 // clang-format on

@@ -132,6 +132,7 @@ def run_metal(
     global_scale=None,
     lhs_indices=None,
     rhs_indices=None,
+    sorted_indices: bool = False,
     device: str = "applegpu_g16s",
     macos: str | None = None,
     kernel: str = "auto",
@@ -152,6 +153,7 @@ def run_metal(
         global_scale,
         lhs_indices,
         rhs_indices,
+        sorted_indices,
         mode,
         group_size,
         transpose,
@@ -239,7 +241,6 @@ def metal_gather_qmm(
     """
     if lhs_indices is None and rhs_indices is None:
         raise ValueError("metal_gather_qmm needs lhs_indices or rhs_indices (or both).")
-    del sorted_indices  # a speed hint the Metal plan does not use (yet)
     return run_metal(
         x,
         w,
@@ -250,6 +251,7 @@ def metal_gather_qmm(
         global_scale=global_scale,
         lhs_indices=lhs_indices,
         rhs_indices=rhs_indices,
+        sorted_indices=sorted_indices,
         device=device,
         kernel=kernel,
     ).y

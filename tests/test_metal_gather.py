@@ -69,3 +69,71 @@ def test_metal_gather_qmm_needs_indices():
     w_q, scales, _ = quantized_experts("mxfp4", 2, 32, 64)
     with pytest.raises(ValueError, match="needs lhs_indices or rhs_indices"):
         metal_gather_qmm(mx.zeros((1, 64)), w_q, scales, mode="mxfp4")
+
+
+SORTED_RUN_KERNELS = [
+    (codes, type_name, transpose)
+    for codes in ("e2m1", "e4m3")
+    for type_name in ("float32", "float16", "bfloat16")
+    for transpose in (True, False)
+]
+
+
+@pytest.mark.parametrize("codes, type_name, transpose", SORTED_RUN_KERNELS)
+def test_sorted_runs_kernel(codes, type_name, transpose):
+    """mlx-lm's sorted path: one row per pair, experts sorted. Each expert's
+    weights are read once per tile of rows routed to it."""
+    mode = "fp4" if codes == "e2m1" else "fp8"
+    E, pairs = 4, 64
+    N, K = (40, 96) if transpose else (64, 37)
+    w_q, scales, _ = quantized_experts(mode, E, *((N, K) if transpose else (K, N)))
+    dtype = getattr(mx, type_name)
+    x = mx.random.normal((pairs, 1, K)).astype(dtype)
+    rhs = mx.array(np.repeat(np.arange(E), pairs // E))  # 16 rows per expert
+    run = run_metal(
+        x, w_q, scales, mode=mode, transpose=transpose, rhs_indices=rhs, sorted_indices=True
+    )
+    direction = "t" if transpose else "n"
+    assert run.plan["kernel"] == f"fpqmm_gather_rhs_mma_{direction}_bm32_{codes}_{type_name}"
+    reference = gather_reference(x, w_q, scales, np.arange(pairs), rhs, mode, transpose)
+    assert relative_error(mx.array(run.y), reference) < TOLERANCE[dtype]
+    # 32-row tiles hold two runs each: every expert once per column block.
+    column_blocks = -(-N // 32)
+    expert_bytes = w_q[0].nbytes
+    if transpose:  # each column block reads its 32 rows of W: the expert once overall
+        assert run.counters["buffers"][0]["bytes_read"] == E * expert_bytes
+    else:
+        assert run.counters["buffers"][0]["bytes_read"] <= E * column_blocks * expert_bytes
+
+
+def test_sorted_runs_stay_right_on_unsorted_indices():
+    E, pairs, N, K = 4, 40, 32, 64
+    w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
+    x = mx.random.normal((pairs, 1, K))
+    rhs = mx.array(np.random.default_rng(3).integers(0, E, pairs))
+    rhs_with_bad = mx.concatenate([rhs[:-1], mx.array([E])])  # last expert out of range
+    run = run_metal(x, w_q, scales, mode="mxfp4", rhs_indices=rhs_with_bad, sorted_indices=True)
+    assert "rhs_mma" in run.plan["kernel"]
+    reference = gather_reference(x[:-1], w_q, scales, np.arange(pairs - 1), rhs[:-1], "mxfp4")
+    assert relative_error(mx.array(run.y[:-1]), reference) < 1e-5
+    assert np.isnan(run.y[-1]).all()
+
+
+def test_sorted_runs_rule():
+    """MLX's rule: one row per pair, >= 16 pairs and >= 4 per expert; else the
+    per-pair gather kernels."""
+    w_q, scales, _ = quantized_experts("mxfp4", 8, 64, 128)
+
+    def kernel(pairs, rows=1, sorted_indices=True, **kwargs):
+        x = mx.zeros((pairs, rows, 128))
+        rhs = mx.zeros((pairs,), mx.uint32)
+        return mlx_fpqmm.kernel_path(
+            x, w_q, scales, rhs_indices=rhs, sorted_indices=sorted_indices,
+            device="applegpu_g16s", **kwargs,
+        )["kernel"]  # fmt: skip
+
+    assert kernel(32) == "fpqmm_gather_rhs_mma_t_bm32_e2m1_float32"
+    assert kernel(31).startswith("fpqmm_gather_qmv")  # fewer than 4 pairs per expert
+    assert kernel(32, sorted_indices=False).startswith("fpqmm_gather_qmv")
+    assert kernel(32, rows=2).startswith("fpqmm_gather_qmv")
+    assert kernel(32, kernel="qmv").startswith("fpqmm_gather_qmv")

@@ -171,6 +171,7 @@ mx::array gather_node(
     const mx::array& scales,
     const std::optional<mx::array>& lhs_indices,
     const std::optional<mx::array>& rhs_indices,
+    bool sorted_indices,
     const std::optional<mx::array>& global_scale,
     const std::string& mode,
     std::optional<int> group_size,
@@ -187,7 +188,7 @@ mx::array gather_node(
       std::nullopt,
       mode,
       global_scale,
-      false,
+      sorted_indices,
       mx::Device::cpu);
 }
 
@@ -198,6 +199,7 @@ nb::dict plan_call(
     const std::optional<mx::array>& global_scale,
     const std::optional<mx::array>& lhs_indices,
     const std::optional<mx::array>& rhs_indices,
+    bool sorted_indices,
     const std::string& mode,
     std::optional<int> group_size,
     bool transpose,
@@ -219,6 +221,7 @@ nb::dict plan_call(
                    scales,
                    lhs_indices,
                    rhs_indices,
+                   sorted_indices,
                    global_scale,
                    mode,
                    group_size,
@@ -242,7 +245,8 @@ nb::dict plan_call(
         node.shape(),
         primitive_mode,
         primitive_group_size,
-        primitive_transpose);
+        primitive_transpose,
+        sorted);
   } else {
     auto [primitive_mode, primitive_group_size, primitive_transpose] =
         static_cast<FpQuantizedMatmul&>(node.primitive()).state();
@@ -295,6 +299,7 @@ void register_metal_bindings(nb::module_& m) {
          const std::optional<mx::array>& global_scale,
          const std::optional<mx::array>& lhs_indices,
          const std::optional<mx::array>& rhs_indices,
+         bool sorted_indices,
          const std::optional<std::string>& device,
          const std::optional<std::string>& macos,
          const std::optional<std::string>& kernel) {
@@ -305,6 +310,7 @@ void register_metal_bindings(nb::module_& m) {
             global_scale,
             lhs_indices,
             rhs_indices,
+            sorted_indices,
             mode,
             group_size,
             transpose,
@@ -324,6 +330,7 @@ void register_metal_bindings(nb::module_& m) {
       "global_scale"_a = nb::none(),
       "lhs_indices"_a = nb::none(),
       "rhs_indices"_a = nb::none(),
+      "sorted_indices"_a = false,
       "device"_a = nb::none(),
       "macos"_a = nb::none(),
       "kernel"_a = nb::none(),
@@ -335,6 +342,7 @@ void register_metal_bindings(nb::module_& m) {
           "typing.Optional[mlx.core.array] = None, "
           "lhs_indices: typing.Optional[mlx.core.array] = None, "
           "rhs_indices: typing.Optional[mlx.core.array] = None, "
+          "sorted_indices: bool = False, "
           "device: typing.Optional[str] = None, macos: typing.Optional[str] = "
           "None, "
           "kernel: typing.Optional[str] = None) -> dict"),
@@ -347,7 +355,7 @@ void register_metal_bindings(nb::module_& m) {
         Args:
             x, w, scales, transpose, group_size, mode, global_scale: as for
               :func:`quantized_matmul` / :func:`fp4_qmm`.
-            lhs_indices, rhs_indices (array, optional): as for
+            lhs_indices, rhs_indices, sorted_indices: as for
               :func:`gather_qmm`: plan that call (the mixture-of-experts
               kernels, ``fpqmm_gather_...``) instead.
             device (str, optional): GPU architecture name such as
@@ -375,6 +383,7 @@ void register_metal_bindings(nb::module_& m) {
       "global_scale"_a.none(),
       "lhs_indices"_a.none(),
       "rhs_indices"_a.none(),
+      "sorted_indices"_a,
       "mode"_a,
       "group_size"_a.none(),
       "transpose"_a,

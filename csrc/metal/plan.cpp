@@ -79,6 +79,17 @@ void plan_mma(const QmmProblem& p, KernelPlan& plan) {
       threadgroup_buffer(0, x_tile), threadgroup_buffer(1, w_tile)};
 }
 
+// The sorted-runs gather kernel: the pairs are the rows of x (one each),
+// BM = 32 rows per threadgroup, one tile per run of equal experts.
+void plan_sorted_runs(const QmmProblem& p, KernelPlan& plan) {
+  constexpr int block_m = 32;
+  plan_mma(p, plan);
+  plan.kernel =
+      kernel_name(p.transpose ? "rhs_mma_t" : "rhs_mma_n", block_m, p);
+  plan.grid = {
+      ceil_div(p.N, fpqmm::kMmaBlockN), ceil_div(p.batch_count(), block_m), 1};
+}
+
 void plan_nax(const QmmProblem& p, KernelPlan& plan) {
   // MLX's choice: 32-row tiles up to M = 32 (no steps on zero rows), 64 rows
   // above (half the weight traffic).
@@ -214,6 +225,14 @@ int64_t QmmProblem::batch_count() const {
   return count;
 }
 
+bool uses_sorted_runs(const QmmProblem& problem, KernelRequest request) {
+  int64_t pairs = problem.batch_count();
+  return problem.gather && problem.right_sorted && problem.M == 1 &&
+         pairs >= 16 && pairs >= 4 * int64_t(problem.w_matrices) &&
+         problem.x_matrices == pairs &&
+         (request == KernelRequest::automatic || request == KernelRequest::mma);
+}
+
 int decode_row_limit(const QmmProblem& problem, const GpuDevice& device) {
   if (!problem.transpose) {
     return fpqmm::kQvmRows;  // MLX's limit for x @ W, one qvm row block
@@ -327,10 +346,15 @@ KernelPlan plan(
     const GpuDevice& device,
     KernelRequest request,
     bool nax_kernels_built) {
-  auto choice = choose_path(problem, device, request, nax_kernels_built);
+  bool sorted_runs = uses_sorted_runs(problem, request);
+  auto choice = sorted_runs
+      ? PathChoice{KernelPath::mma, "one row per pair with sorted experts: one tile per run of an expert (MLX's rhs rule)"}
+      : choose_path(problem, device, request, nax_kernels_built);
   KernelPlan plan{request, choice.path, std::move(choice.note)};
   plan.library = kBaseLibrary;
-  if (choice.path == KernelPath::nax) {
+  if (sorted_runs) {
+    plan_sorted_runs(problem, plan);
+  } else if (choice.path == KernelPath::nax) {
     plan_nax(problem, plan);
   } else if (choice.path == KernelPath::mma) {
     plan_mma(problem, plan);
@@ -339,7 +363,9 @@ KernelPlan plan(
   } else {
     plan_qvm(problem, plan);
   }
-  plan.grid[2] = static_cast<int>(problem.batch_count());
+  if (!sorted_runs) {
+    plan.grid[2] = static_cast<int>(problem.batch_count());
+  }
   int threadgroup_bytes = 0;
   for (auto [index, bytes] : plan.threadgroup_memory) {
     threadgroup_bytes += bytes;

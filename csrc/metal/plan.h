@@ -63,9 +63,16 @@ struct QmmProblem {
   bool gather = false;
   int x_matrices = 0;
   int w_matrices = 0;
+  // The caller says rhs_indices are sorted (mlx-lm's sorted tokens).
+  bool right_sorted = false;
 
   int64_t batch_count() const;
 };
+
+// Whether a gather call runs the sorted-runs kernel (MLX's rule for its
+// "rhs" path: one row per pair, sorted experts, at least 16 pairs and 4 per
+// expert, x matrix = pair).
+bool uses_sorted_runs(const QmmProblem& problem, KernelRequest request);
 
 // Below this many rows of x the decode (matrix-vector) kernels beat the MMA
 // kernels; MLX's table for transpose=True, by GPU generation and size class.

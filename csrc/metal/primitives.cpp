@@ -115,7 +115,7 @@ void FpGatherQuantizedMatmul::eval_gpu(
   }
   // Every input is row-contiguous (fp_gather_qmm_unchecked makes it so).
   auto problem = metal::describe_gather_problem(
-      inputs, out.shape(), mode_, group_size_, transpose_);
+      inputs, out.shape(), mode_, group_size_, transpose_, right_sorted_);
   run_plan(plan_on(problem, stream()), stream(), out, [&](metal::Operand o) {
     return input(inputs, metal::gather_input_of(o));
   });

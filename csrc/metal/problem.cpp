@@ -105,7 +105,8 @@ QmmProblem describe_gather_problem(
     const mx::Shape& out_shape,
     Mode mode,
     int group_size,
-    bool transpose) {
+    bool transpose,
+    bool right_sorted) {
   const auto& x = input(inputs, GatherInput::x);
   const auto& w = input(inputs, GatherInput::w);
   const auto& scales = input(inputs, GatherInput::scales);
@@ -122,6 +123,7 @@ QmmProblem describe_gather_problem(
   }
   problem.has_global_scale = has_expert_scales(inputs);
   problem.gather = true;
+  problem.right_sorted = right_sorted;
   auto matrices = [](const mx::array& a) {
     int64_t count = 1;
     for (int axis = 0; axis + 2 < static_cast<int>(a.ndim()); ++axis) {

@@ -38,7 +38,8 @@ QmmProblem describe_gather_problem(
     const mx::Shape& out_shape,
     Mode mode,
     int group_size,
-    bool transpose);
+    bool transpose,
+    bool right_sorted);
 
 // "26.2" -> {26, 2}; throws on anything else.
 std::pair<int, int> parse_os_version(const std::string& version);
