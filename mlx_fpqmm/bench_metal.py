@@ -41,7 +41,6 @@ CASES = [
     ("mxfp8", True, "nax", 128, 256, 1024),
     ("mxfp4", True, "nax", 100, 200, 1024),
 ]
-BLOCK_N = {"mma": 32, "nax": 64}
 # Multiply-accumulates per matrix-unit operation: an 8x8x8 simdgroup_matrix
 # product, a (16, 32, 16) matmul2d step.
 MACS = {"simdgroup_matrix_ops": 8 * 8 * 8, "matmul2d_runs": 16 * 32 * 16}
@@ -71,16 +70,15 @@ def measure(mode, transpose, kernel, M, N, K):
     return run, rows
 
 
-def expected_multiple(kernel_name, name, M, N):
+def expected_multiple(plan, name, M, N):
     """How many times the tiling says a buffer moves (None: not a tiling bound)."""
     if name == "y":
         return 1
-    if "_qmv_" in kernel_name or "_qvm_" in kernel_name:
+    if not plan["block_m"]:  # the decode kernels: every weight byte once
         return 1 if name in ("w", "scales") else None
-    block_m = int(kernel_name.split("_bm")[1].split("_")[0])
     if name in ("w", "scales"):
-        return math.ceil(M / block_m)
-    return math.ceil(N / BLOCK_N[kernel_name.split("_")[1]])
+        return math.ceil(M / plan["block_m"])
+    return math.ceil(N / plan["block_n"])
 
 
 def report(cases) -> str:
@@ -94,7 +92,7 @@ def report(cases) -> str:
         macs = sum(run.counters[op] * count for op, count in MACS.items()) / (M * N)
         for i, (buffer, moved, counted, compulsory) in enumerate(rows):
             unique = counted["unique_bytes_written" if buffer == "y" else "unique_bytes_read"]
-            expected = expected_multiple(name, buffer, M, N)
+            expected = expected_multiple(run.plan, buffer, M, N)
             lines.append(
                 f"{name if i == 0 else '':34} {M:>4} {N:>4} {K:>5}  {buffer:7} {moved:>9} "
                 f"{unique:>9} {compulsory:>10} {moved / compulsory:>6.2f} "
@@ -117,11 +115,41 @@ def report(cases) -> str:
     return "\n".join(lines)
 
 
+def moe_report(experts: int = 8, pairs: int = 128, N: int = 256, K: int = 1024) -> str:
+    """Weight traffic of gather_qmm with one row per pair (mlx-lm's token layout):
+    per-pair kernels against the sorted-runs kernel."""
+    w_q, scales = quantize(mx.random.normal((experts, N, K)), mode="mxfp4")
+    x = mx.random.normal((pairs, 1, K)).astype(mx.float16)
+    sorted_rhs = mx.array([e * experts // pairs for e in range(pairs)], dtype=mx.uint32)
+    expert_bytes = w_q[0].nbytes
+    lines = [
+        f"mixture of experts, mxfp4, {experts} experts of {N}x{K}, {pairs} pairs of one row",
+        f"{'kernel':40} {'indices':>8} {'W moved':>10} {'experts x W':>11} {'ratio':>6}",
+    ]
+    for label, sorted_indices in (("sorted", True), ("as given", False)):
+        run = run_metal(
+            x, w_q, scales, mode="mxfp4", rhs_indices=sorted_rhs, sorted_indices=sorted_indices
+        )
+        moved = run.counters["buffers"][0]["bytes_read"]
+        compulsory = experts * expert_bytes
+        lines.append(
+            f"{run.plan['kernel']:40} {label:>8} {moved:>10} {compulsory:>11} "
+            f"{moved / compulsory:>6.1f}"
+        )
+    lines.append(
+        "W moved: weight bytes read; experts x W: every routed expert once. Sorted runs "
+        "read each expert once per 32-row tile routed to it; per-pair kernels once per pair."
+    )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args(argv)
     mx.random.seed(0)
     print(report(CASES))
+    print()
+    print(moe_report())
 
 
 if __name__ == "__main__":

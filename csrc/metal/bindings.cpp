@@ -143,6 +143,8 @@ nb::dict plan_dict(const KernelPlan& plan) {
   result["kernel"] = plan.kernel;
   result["pipeline"] = plan.pipeline_name();
   result["grid"] = nb::make_tuple(plan.grid[0], plan.grid[1], plan.grid[2]);
+  result["block_m"] = plan.block_m;
+  result["block_n"] = plan.block_n;
   result["threadgroup"] = nb::make_tuple(
       plan.threadgroup[0], plan.threadgroup[1], plan.threadgroup[2]);
   nb::dict memory;

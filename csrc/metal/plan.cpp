@@ -73,6 +73,8 @@ void plan_mma(const QmmProblem& p, KernelPlan& plan) {
                    : fpqmm::kMmaBlockK *
                          fpqmm::padded_row(fpqmm::kMmaBlockN, item) * item;
   plan.kernel = kernel_name(p.transpose ? "mma_t" : "mma_n", block_m, p);
+  plan.block_m = block_m;
+  plan.block_n = fpqmm::kMmaBlockN;
   plan.threadgroup = {fpqmm::kMmaThreads, 1, 1};
   plan.grid = {ceil_div(p.N, fpqmm::kMmaBlockN), ceil_div(p.M, block_m), 1};
   plan.threadgroup_memory = {
@@ -101,6 +103,8 @@ void plan_nax(const QmmProblem& p, KernelPlan& plan) {
                fpqmm::kNaxWeightItemsize;
   plan.library = kNaxLibrary;
   plan.kernel = kernel_name("nax_t", block_m, p);
+  plan.block_m = block_m;
+  plan.block_n = fpqmm::kNaxBlockN;
   plan.threadgroup = {fpqmm::kNaxThreads, 1, 1};
   plan.grid = {ceil_div(p.N, fpqmm::kNaxBlockN), ceil_div(p.M, block_m), 1};
   plan.threadgroup_memory = {

@@ -128,6 +128,11 @@ struct KernelPlan {
   std::string kernel;              // host_name in the library
   std::array<int, 3> grid;         // threadgroups
   std::array<int, 3> threadgroup;  // threads
+  // Rows of x and columns of y per threadgroup tile (0 for the decode
+  // kernels, which have no tiles): W moves ceil(M / block_m) times, x
+  // ceil(N / block_n) times.
+  int block_m = 0;
+  int block_n = 0;
   std::vector<std::pair<int, int>> threadgroup_memory;  // index, bytes
   std::vector<FunctionConstant> constants;
   std::vector<BufferBinding> buffers;
