@@ -577,14 +577,6 @@ mx::array dequantize(
 
 namespace {
 
-int64_t batch_size(const mx::array& a) {
-  int64_t size = 1;
-  for (int axis = 0; axis + 2 < static_cast<int>(a.ndim()); ++axis) {
-    size *= a.shape(axis);
-  }
-  return size;
-}
-
 // The indices as uint32 (as MLX casts them), or an arange over the batch of
 // `operand` when absent.
 mx::array index_array(
@@ -595,7 +587,7 @@ mx::array index_array(
     mx::Stream s) {
   if (!indices) {
     auto range =
-        mx::arange(static_cast<int>(batch_size(operand)), mx::uint32, s);
+        mx::arange(static_cast<int>(matrix_count(operand)), mx::uint32, s);
     return mx::reshape(range, batch_shape(operand), s);
   }
   if (!mx::issubdtype(indices->dtype(), mx::integer)) {
@@ -657,7 +649,7 @@ mx::array gather_qmm(
             shape_string(x.shape()) + ".");
   }
   check_global_scale(op, format, global_scale, batch_shape(w));
-  int64_t experts = batch_size(w);
+  int64_t experts = matrix_count(w);
 
   auto stream = mx::to_stream(s);
   auto lhs = index_array(op, "lhs_indices", lhs_indices, x, stream);

@@ -206,7 +206,7 @@ std::vector<mx::array> FpGatherQuantizedMatmul::vjp(
   if (x.size() == 0) {
     return {mx::zeros_like(x, s)};
   }
-  int x_matrices = x.size() / (x.shape(-1) * x.shape(-2));
+  int x_matrices = static_cast<int>(matrix_count(x));
   // A pair whose x index is out of range (its output was NaN) adds NaN to
   // matrix 0 rather than writing out of bounds.
   auto flat_lhs = mx::flatten(lhs, s);

@@ -126,6 +126,16 @@ inline const mx::array& input(
   return inputs[static_cast<size_t>(which)];
 }
 
+// The matrices of a (..., rows, cols) array: the product of its leading
+// dimensions (a gather input is indexed by this flattened batch).
+inline int64_t matrix_count(const mx::array& a) {
+  int64_t count = 1;
+  for (int axis = 0; axis + 2 < static_cast<int>(a.ndim()); ++axis) {
+    count *= a.shape(axis);
+  }
+  return count;
+}
+
 inline bool has_expert_scales(const std::vector<mx::array>& inputs) {
   return inputs.size() > static_cast<size_t>(GatherInput::global_scale);
 }

@@ -154,6 +154,22 @@ def test_empty_indices():
     assert y.shape == (4, 0, 16)
 
 
+def test_empty_matrices():
+    """K = 0 (zero outputs), N = 0 and M = 0, also through the gradient."""
+    x = mx.random.normal((3, 2, 0))
+    w_q, scales = mx.zeros((4, 16, 0), mx.uint32), mx.zeros((4, 16, 0), mx.uint8)
+    indices = mx.array([3, 0, 1])
+    y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=indices, mode="mxfp4")
+    assert y.shape == (3, 2, 16) and not mx.any(y).item()
+    w_q, scales, _ = quantized_experts("mxfp4", 4, 16, 64)
+    y = mlx_fpqmm.gather_qmm(mx.zeros((3, 0, 64)), w_q, scales, rhs_indices=indices, mode="mxfp4")
+    assert y.shape == (3, 0, 16)
+    grad = mx.grad(
+        lambda x: mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=indices, mode="mxfp4").sum()
+    )(mx.zeros((3, 0, 64)))
+    assert grad.shape == (3, 0, 64)
+
+
 def test_without_indices_is_quantized_matmul():
     w_q, scales, _ = quantized_experts("fp4", 2, 16, 64)
     x = mx.random.normal((2, 3, 64))

@@ -77,12 +77,8 @@ void FpGatherQuantizedMatmul::eval_cpu(
             w.shape(-2) * int64_t(w.shape(-1)) * w.itemsize();
         const int64_t scales_size =
             scales.shape(-2) * int64_t(scales.shape(-1)) * scales.itemsize();
-        // The flattened batches of x and w (M * K may be 0).
-        int64_t x_matrices = 1;
-        for (int axis = 0; axis + 2 < static_cast<int>(x.ndim()); ++axis) {
-          x_matrices *= x.shape(axis);
-        }
-        const int64_t experts = w.size() * w.itemsize() / w_size;
+        const int64_t x_matrices = matrix_count(x);
+        const int64_t experts = matrix_count(w);
         const char* x_data = x.data<char>();
         char* out_data = out.data<char>();
 

@@ -124,15 +124,8 @@ QmmProblem describe_gather_problem(
   problem.has_global_scale = has_expert_scales(inputs);
   problem.gather = true;
   problem.right_sorted = right_sorted;
-  auto matrices = [](const mx::array& a) {
-    int64_t count = 1;
-    for (int axis = 0; axis + 2 < static_cast<int>(a.ndim()); ++axis) {
-      count *= a.shape(axis);
-    }
-    return static_cast<int>(count);
-  };
-  problem.x_matrices = matrices(x);
-  problem.w_matrices = matrices(w);
+  problem.x_matrices = static_cast<int>(matrix_count(x));
+  problem.w_matrices = static_cast<int>(matrix_count(w));
   problem.batch_shape = {
       static_cast<int>(input(inputs, GatherInput::lhs_indices).size())};
   return problem;
