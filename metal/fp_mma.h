@@ -198,9 +198,10 @@ template <typename T, int bits, int BM, bool transpose>
 
 // The sorted gather kernel (mixture of experts, one row of x per pair with
 // the pairs sorted by expert, as mlx-lm sorts many tokens): x and y are
-// x_matrices rows (M = 1 each), pair r's expert is rhs_indices[r]. A threadgroup walks the runs of
-// equal experts inside its BM rows and computes its tile once per run, so an
-// expert's weights are read once per tile of rows routed to it. Unsorted
+// x_matrices rows (M = 1 each), pair r's expert is rhs_indices[r]. A
+// threadgroup walks the runs of equal experts inside its BM rows and
+// computes its tile once per run, so an expert's weights are read once per
+// tile of rows routed to it. Unsorted
 // indices give shorter runs: slower, still right.
 template <typename T, int bits, int BM, bool transpose>
 [[kernel]] void fp_gather_rhs_qmm(

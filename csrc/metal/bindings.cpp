@@ -372,8 +372,10 @@ void register_metal_bindings(nb::module_& m) {
 
         Returns:
             dict: ``path`` (``"qmv"``, ``"mma"`` or ``"nax"``), ``note`` (why),
-            ``library`` (the metallib), ``kernel`` (the host name), ``grid``, ``threadgroup``,
-            ``threadgroup_memory``, ``constants`` and ``buffers``.
+            ``library`` (the metallib), ``kernel`` (the host name), ``grid``,
+            ``threadgroup``, ``block_m`` and ``block_n`` (the tile; 0 for
+            the decode kernels), ``threadgroup_memory``, ``constants`` and
+            ``buffers``.
       )pbdoc");
 
   m.def(

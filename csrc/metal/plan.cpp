@@ -352,7 +352,10 @@ KernelPlan plan(
     bool nax_kernels_built) {
   bool sorted_runs = uses_sorted_runs(problem, request);
   auto choice = sorted_runs
-      ? PathChoice{KernelPath::mma, "one row per pair with sorted experts: one tile per run of an expert (MLX's rhs rule)"}
+      ? PathChoice{
+            KernelPath::mma,
+            "one row per pair with sorted experts: one tile per run of an "
+            "expert (MLX's rule for its rhs kernel)"}
       : choose_path(problem, device, request, nax_kernels_built);
   KernelPlan plan{request, choice.path, std::move(choice.note)};
   plan.library = kBaseLibrary;
