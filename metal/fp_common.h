@@ -45,6 +45,9 @@ constant bool has_global_scale [[function_constant(FPQMM_CONSTANT_HAS_GLOBAL_SCA
 #define FPQMM_BUFFER_NAMES                                          \
   w, scales, global_scale, x, y, M, N, K, batch_ndims, batch_shape, \
       x_batch_strides, w_batch_strides, scales_batch_strides
+// The names run_operands takes from FPQMM_BUFFERS and FPQMM_GATHER_BUFFERS.
+#define FPQMM_RUN_NAMES \
+  w, scales, global_scale, x, y, N, K, rhs_indices, w_matrices
 // The names gather_operands takes from FPQMM_BUFFERS and
 // FPQMM_GATHER_BUFFERS, in its order.
 #define FPQMM_GATHER_NAMES                                          \
@@ -164,6 +167,46 @@ inline Operands<T> gather_operands(
       K,
       rhs,
       valid);
+}
+
+// The sorted gather kernels take the rows of x (one per pair) in runs of one
+// expert: the end of the run that starts at row `first`, before `rows_end`.
+inline int expert_run_end(
+    const device uint32_t* rhs_indices, int first, int rows_end) {
+  int end = first + 1;
+  while (end < rows_end && rhs_indices[end] == rhs_indices[first]) {
+    ++end;
+  }
+  return end;
+}
+
+// The operands of the run of rows [first, end): those rows of x and y, W
+// matrix rhs_indices[first].
+template <typename T, int bits>
+inline Operands<T> run_operands(
+    const device uint32_t* w,
+    const device uint8_t* scales,
+    const device float* global_scale,
+    const device T* x,
+    device T* y,
+    int N,
+    int K,
+    const device uint32_t* rhs_indices,
+    int w_matrices,
+    int first,
+    int end) {
+  const uint expert = rhs_indices[first];
+  return expert_operands<T, bits>(
+      w,
+      scales,
+      global_scale,
+      x + int64_t(first) * K,
+      y + int64_t(first) * N,
+      end - first,
+      N,
+      K,
+      expert,
+      expert < uint(w_matrices));
 }
 
 // Loads `words` consecutive uint32 (1, 2 or 4) in one access.

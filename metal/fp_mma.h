@@ -215,24 +215,15 @@ template <typename T, int bits, int BM, bool transpose>
     ushort lane [[thread_index_in_simdgroup]]) {
   const int rows_end = min(int(tgid.y + 1) * BM, x_matrices);
   for (int first = int(tgid.y) * BM; first < rows_end;) {
-    const uint expert = rhs_indices[first];
-    int end = first + 1;
-    while (end < rows_end && rhs_indices[end] == expert) {
-      ++end;
-    }
-    const Operands<T> op = expert_operands<T, bits>(
-        w,
-        scales,
-        global_scale,
-        x + int64_t(first) * K,
-        y + int64_t(first) * N,
-        end - first,
-        N,
-        K,
-        expert,
-        expert < uint(w_matrices));
+    const int end = expert_run_end(rhs_indices, first, rows_end);
     fp_qmm_impl<T, bits, BM, transpose>(
-        op, x_tile, w_tile, uint2(tgid.x, 0), thread_index, simdgroup, lane);
+        run_operands<T, bits>(FPQMM_RUN_NAMES, first, end),
+        x_tile,
+        w_tile,
+        uint2(tgid.x, 0),
+        thread_index,
+        simdgroup,
+        lane);
     first = end;
   }
 }

@@ -106,6 +106,28 @@ def test_sorted_runs_kernel(codes, type_name, transpose):
         assert run.counters["buffers"][0]["bytes_read"] <= E * column_blocks * expert_bytes
 
 
+@pytest.mark.parametrize("codes", ["e2m1", "e4m3"])
+@pytest.mark.parametrize("type_name", ["float32", "float16", "bfloat16"])
+def test_sorted_runs_on_nax(codes, type_name):
+    """Where NAX runs (generation 17, macOS 26.2), the sorted runs take its tiles."""
+    mode = "nvfp4" if codes == "e2m1" else "mxfp8"  # exact in bfloat: any x
+    E, pairs, N, K = 4, 64, 72, 96
+    w_q, scales, _ = quantized_experts(mode, E, N, K)
+    dtype = getattr(mx, type_name)
+    x = mx.random.normal((pairs, 1, K)).astype(dtype)
+    rhs = mx.array(np.repeat(np.arange(E), pairs // E))
+    run = run_metal(
+        x, w_q, scales, mode=mode, rhs_indices=rhs, sorted_indices=True,
+        device="applegpu_g17s", macos="26.2",
+    )  # fmt: skip
+    assert run.plan["kernel"] == f"fpqmm_gather_rhs_nax_t_bm32_{codes}_{type_name}"
+    assert run.plan["path"] == "nax" and run.plan["grid"] == (2, 2, 1)
+    reference = gather_reference(x, w_q, scales, np.arange(pairs), rhs, mode)
+    assert relative_error(mx.array(run.y), reference) < TOLERANCE[dtype]
+    # Two runs per 32-row tile, two 64-column blocks: every expert once in all.
+    assert run.counters["buffers"][0]["bytes_read"] == E * w_q[0].nbytes
+
+
 def test_sorted_runs_stay_right_on_unsorted_indices():
     E, pairs, N, K = 4, 40, 32, 64
     w_q, scales, _ = quantized_experts("mxfp4", E, N, K)

@@ -37,7 +37,7 @@ FAMILIES = {
 NAX_DEVICE = "applegpu_g17s"
 # Every family also has a gather (mixture-of-experts) variant; the MMA tiles a
 # sorted-runs one too (tests/test_metal_gather.py runs those).
-SORTED_RUN_FAMILIES = ("rhs_mma_t_bm32", "rhs_mma_n_bm32")
+SORTED_RUN_FAMILIES = ("rhs_mma_t_bm32", "rhs_mma_n_bm32", "rhs_nax_t_bm32")
 EXPECTED_KERNELS = [
     f"fpqmm_{variant}{family}_{codes}_{type_name}"
     for variant, families in (("", FAMILIES), ("gather_", (*FAMILIES, *SORTED_RUN_FAMILIES)))

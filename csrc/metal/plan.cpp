@@ -81,17 +81,6 @@ void plan_mma(const QmmProblem& p, KernelPlan& plan) {
       threadgroup_buffer(0, x_tile), threadgroup_buffer(1, w_tile)};
 }
 
-// The sorted-runs gather kernel: the pairs are the rows of x (one each),
-// BM = 32 rows per threadgroup, one tile per run of equal experts.
-void plan_sorted_runs(const QmmProblem& p, KernelPlan& plan) {
-  constexpr int block_m = 32;
-  plan_mma(p, plan);
-  plan.kernel =
-      kernel_name(p.transpose ? "rhs_mma_t" : "rhs_mma_n", block_m, p);
-  plan.grid = {
-      ceil_div(p.N, fpqmm::kMmaBlockN), ceil_div(p.batch_count(), block_m), 1};
-}
-
 void plan_nax(const QmmProblem& p, KernelPlan& plan) {
   // MLX's choice: 32-row tiles up to M = 32 (no steps on zero rows), 64 rows
   // above (half the weight traffic).
@@ -109,6 +98,23 @@ void plan_nax(const QmmProblem& p, KernelPlan& plan) {
   plan.grid = {ceil_div(p.N, fpqmm::kNaxBlockN), ceil_div(p.M, block_m), 1};
   plan.threadgroup_memory = {
       threadgroup_buffer(0, x_tile), threadgroup_buffer(1, w_tile)};
+}
+
+// The sorted-runs gather kernels: the pairs are the rows of x (one each),
+// 32 rows per threadgroup, one MMA or NAX tile per run of equal experts.
+void plan_sorted_runs(const QmmProblem& p, KernelPlan& plan) {
+  if (plan.path == KernelPath::nax) {
+    plan_nax(p, plan);
+  } else {
+    plan_mma(p, plan);
+  }
+  bool nax = plan.path == KernelPath::nax;
+  plan.kernel = kernel_name(
+      nax ? "rhs_nax_t" : p.transpose ? "rhs_mma_t" : "rhs_mma_n",
+      plan.block_m,
+      p);
+  plan.grid = {
+      ceil_div(p.N, plan.block_n), ceil_div(p.batch_count(), plan.block_m), 1};
 }
 
 void bind_buffers(const QmmProblem& p, KernelPlan& plan) {
@@ -233,8 +239,7 @@ bool uses_sorted_runs(const QmmProblem& problem, KernelRequest request) {
   int64_t pairs = problem.batch_count();
   return problem.gather && problem.right_sorted && problem.M == 1 &&
          pairs >= 16 && pairs >= 4 * int64_t(problem.w_matrices) &&
-         problem.x_matrices == pairs &&
-         (request == KernelRequest::automatic || request == KernelRequest::mma);
+         problem.x_matrices == pairs && request != KernelRequest::qmv;
 }
 
 int decode_row_limit(const QmmProblem& problem, const GpuDevice& device) {
@@ -351,12 +356,16 @@ KernelPlan plan(
     KernelRequest request,
     bool nax_kernels_built) {
   bool sorted_runs = uses_sorted_runs(problem, request);
-  auto choice = sorted_runs
-      ? PathChoice{
-            KernelPath::mma,
-            "one row per pair with sorted experts: one tile per run of an "
-            "expert (MLX's rule for its rhs kernel)"}
-      : choose_path(problem, device, request, nax_kernels_built);
+  auto choice = choose_path(problem, device, request, nax_kernels_built);
+  if (sorted_runs) {
+    // On the NAX tiles where they may run, else on the MMA tiles.
+    bool nax = request != KernelRequest::mma &&
+               !nax_unavailable_reason(problem, device, nax_kernels_built);
+    choice = {
+        nax ? KernelPath::nax : KernelPath::mma,
+        "one row per pair with sorted experts: one tile per run of an "
+        "expert (MLX's rule for its rhs kernel)"};
+  }
   KernelPlan plan{request, choice.path, std::move(choice.note)};
   plan.library = kBaseLibrary;
   if (sorted_runs) {

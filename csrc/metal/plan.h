@@ -69,9 +69,9 @@ struct QmmProblem {
   int64_t batch_count() const;
 };
 
-// Whether a gather call runs the sorted-runs kernel (MLX's rule for its
+// Whether a gather call runs the sorted-runs kernels (MLX's rule for its
 // "rhs" path: one row per pair, sorted experts, at least 16 pairs and 4 per
-// expert, x matrix = pair).
+// expert, x matrix = pair), unless the decode kernels are requested.
 bool uses_sorted_runs(const QmmProblem& problem, KernelRequest request);
 
 // Below this many rows of x the decode (matrix-vector) kernels beat the MMA

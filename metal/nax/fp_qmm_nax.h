@@ -226,4 +226,30 @@ template <typename T, int bits, int BM>
       op, x_tile, w_tile, tgid.xy, thread_index, simdgroup, lane);
 }
 
+// The sorted-runs gather kernel on the NAX tiles (see fp_gather_rhs_qmm).
+template <typename T, int bits, int BM>
+[[kernel]] void fp_gather_rhs_qmm_nax(
+    FPQMM_BUFFERS(T),
+    FPQMM_GATHER_BUFFERS,
+    threadgroup T* x_tile [[threadgroup(0)]],
+    threadgroup bfloat* w_tile [[threadgroup(1)]],
+    uint3 tgid [[threadgroup_position_in_grid]],
+    ushort thread_index [[thread_index_in_threadgroup]],
+    ushort simdgroup [[simdgroup_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]]) {
+  const int rows_end = min(int(tgid.y + 1) * BM, x_matrices);
+  for (int first = int(tgid.y) * BM; first < rows_end;) {
+    const int end = expert_run_end(rhs_indices, first, rows_end);
+    fp_qmm_nax_impl<T, bits, BM>(
+        run_operands<T, bits>(FPQMM_RUN_NAMES, first, end),
+        x_tile,
+        w_tile,
+        uint2(tgid.x, 0),
+        thread_index,
+        simdgroup,
+        lane);
+    first = end;
+  }
+}
+
 }  // namespace fpqmm
