@@ -40,7 +40,9 @@ _MLX_SHARD_INPLACE = _mlx_dist.shard_inplace
 Sharding = str | Callable[[str, mx.array], int | tuple | None]
 
 
-def _predicate(sharding: str, segments: int | list) -> Callable[[str, mx.array], int | tuple | None]:
+def _predicate(
+    sharding: str, segments: int | list
+) -> Callable[[str, mx.array], int | tuple | None]:
     """MLX's predicates for ``"all-to-sharded"`` / ``"sharded-to-all"``."""
     if sharding not in ("all-to-sharded", "sharded-to-all"):
         raise ValueError(
@@ -169,9 +171,7 @@ class _ShardedMixin:
             _check_divisible(layer, out_dims, "output")
         else:
             _check_divisible(layer, in_dims, "input")
-        _MLX_SHARD_INPLACE(
-            layer, _keep_global_scales(cls._sharding, segments), group=layer.group
-        )
+        _MLX_SHARD_INPLACE(layer, _keep_global_scales(cls._sharding, segments), group=layer.group)
         layer.freeze()
         layer.train(source.training)
         return layer

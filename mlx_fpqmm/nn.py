@@ -441,6 +441,7 @@ def convert(model: nn.Module) -> ConversionReport:
 
 
 # Tensor parallelism (MLX distributed): mlx_fpqmm/_sharded.py.
+from ._sharded import MLX_SHARDED as _MLX_SHARDED  # noqa: E402
 from ._sharded import (  # noqa: E402
     QuantizedAllToShardedLinear,
     QuantizedShardedToAllLinear,
@@ -448,7 +449,6 @@ from ._sharded import (  # noqa: E402
     shard_linear,
     sharding,
 )
-from ._sharded import MLX_SHARDED as _MLX_SHARDED  # noqa: E402
 
 __all__ += [
     "QuantizedAllToShardedLinear",

@@ -71,8 +71,12 @@ def run_ranks(case: str, tmp_path: Path, n: int = 2, timeout: float = TIMEOUT) -
             codes = [p.poll() for p in procs]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
-                r = failed[0]
-                raise RankFailed(f"rank {r} exited with code {codes[r]}:\n{stderr_of(r)}")
+                time.sleep(0.5)  # let the other ranks notice and write their errors
+                codes = [p.poll() for p in procs]
+                raise RankFailed(
+                    f"rank {failed[0]} exited with code {codes[failed[0]]}; exit codes {codes}:\n"
+                    + "\n".join(f"--- rank {r}:\n{stderr_of(r)}" for r in range(n))
+                )
             if all(c == 0 for c in codes):
                 break
             if time.monotonic() > deadline:
@@ -114,20 +118,30 @@ def test_layers_two_ranks(tmp_path):
 
 
 @pytest.mark.slow
-def test_llama_two_ranks(tmp_path):
+def test_models_two_ranks(tmp_path):
     results = run_ranks("llama", tmp_path)
-    check(results, expected_cases=3)
+    check(results, expected_cases=4)
     for res in results:
         for name in ("llama/mxfp4-convert", "llama/nvfp4-global-scale", "llama/fp8"):
             assert res[name]["class"] == "QuantizedAllToShardedLinear,QuantizedShardedToAllLinear"
+        assert res["qwen3_moe/nvfp4-global-scale"]["class"] == "QuantizedSwitchLinear"
 
 
 @pytest.mark.slow
 def test_dead_rank_fails_fast(tmp_path):
     start = time.monotonic()
-    with pytest.raises(RankFailed, match="rank 1 exited with code 3"):
+    with pytest.raises(RankFailed, match=r"rank \d exited with code") as failure:
         run_ranks("die", tmp_path, timeout=30)
+    assert "rank 1 exits on purpose" in str(failure.value)
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.slow
+def test_hung_rank_times_out(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RankFailed, match=r"ranks \[0, 1\] still running after 5 s"):
+        run_ranks("hang", tmp_path, timeout=5)
+    assert time.monotonic() - start < 15
 
 
 # ---------------------------------------------------------------- one process
