@@ -391,7 +391,10 @@ def convert(model: nn.Module) -> ConversionReport:
     classes, not subclasses) in mode ``mxfp4``, ``nvfp4`` or ``mxfp8`` becomes a
     :class:`QuantizedLinear`, :class:`QuantizedEmbedding` or :class:`QuantizedSwitchLinear`
     that shares its arrays (nothing is copied) and keeps its frozen parameters and training
-    mode. ``affine`` layers and other quantized layers (e.g. ``nn.QQLinear``) are left
+    mode. MLX's tensor-parallel ``nn.QuantizedAllToShardedLinear`` and
+    ``nn.QuantizedShardedToAllLinear`` in those modes become
+    :class:`QuantizedAllToShardedLinear` and :class:`QuantizedShardedToAllLinear` (same
+    group). ``affine`` layers and other quantized layers (e.g. ``nn.QQLinear``) are left
     alone. The
     model is updated in place; the outputs stay the same up to float rounding.
 
@@ -416,6 +419,7 @@ def convert(model: nn.Module) -> ConversionReport:
         from ._switch import QuantizedSwitchLinear
 
         ours[switch[1]] = QuantizedSwitchLinear
+    ours.update(_MLX_SHARDED)  # MLX's tensor-parallel layers: mlx_fpqmm/_sharded.py
 
     def _maybe_convert(path: str, m: nn.Module) -> nn.Module:
         cls = ours.get(type(m))
@@ -434,3 +438,22 @@ def convert(model: nn.Module) -> ConversionReport:
     leaves = tree_map_with_path(_maybe_convert, model.leaf_modules(), is_leaf=nn.Module.is_module)
     model.update_modules(leaves)
     return report
+
+
+# Tensor parallelism (MLX distributed): mlx_fpqmm/_sharded.py.
+from ._sharded import MLX_SHARDED as _MLX_SHARDED  # noqa: E402
+from ._sharded import (  # noqa: E402
+    QuantizedAllToShardedLinear,
+    QuantizedShardedToAllLinear,
+    shard_inplace,
+    shard_linear,
+    sharding,
+)
+
+__all__ += [
+    "QuantizedAllToShardedLinear",
+    "QuantizedShardedToAllLinear",
+    "shard_inplace",
+    "shard_linear",
+    "sharding",
+]
