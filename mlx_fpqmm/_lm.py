@@ -61,7 +61,8 @@ def _tagged(params: dict) -> dict:
 
 def _recipe_predicate(recipe: str, model: nn.Module, mode: str, group_size: int) -> Callable:
     """mlx-lm's ``--quant-predicate`` recipe in ``mode``: its high-bit layers get the 8-bit
-    format of the family (``mxfp8`` for ``mxfp4``/``nvfp4``, ``fp8`` for ``fp4``)."""
+    format of the family (``mxfp8`` for ``mxfp4``/``nvfp4``, ``fp8`` for ``fp4``). Layers the
+    model's own ``quant_predicate`` sets apart (routers, gates) stay as it says."""
     from mlx_lm.convert import mixed_quant_predicate_builder
 
     wider = _WIDER.get(mode)
@@ -69,8 +70,12 @@ def _recipe_predicate(recipe: str, model: nn.Module, mode: str, group_size: int)
         raise ValueError(f"Quant predicates need a 4-bit mode ({', '.join(_WIDER)}), not {mode}.")
     affine = mixed_quant_predicate_builder(recipe, model, group_size)
     low_bits = min(affine(p, m)["bits"] for p, m in model.named_modules())
+    own = getattr(model, "quant_predicate", None)
 
-    def predicate(path: str, module: nn.Module) -> dict:
+    def predicate(path: str, module: nn.Module) -> bool | dict:
+        # The model's own choices (e.g. 8-bit affine routers) come first.
+        if own is not None and not isinstance(chosen := own(path, module), bool):
+            return chosen
         if affine(path, module)["bits"] > low_bits:
             return {"group_size": FORMATS[wider]["default_group_size"], "mode": wider}
         return {"group_size": group_size, "mode": mode}
@@ -140,6 +145,9 @@ def quantize_model(
     )
     quantized_config["quantization"] = entries
     quantized_config["quantization_config"] = entries
+    from mlx_lm.utils import compute_bits_per_weight
+
+    print(f"[INFO] Quantized model with {compute_bits_per_weight(model):.3f} bits per weight.")
     return model, quantized_config
 
 

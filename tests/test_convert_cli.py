@@ -164,6 +164,32 @@ def test_convert_load_logits(converted, name, mode, extra):
             mlx_lm.load(str(out))
 
 
+@pytest.mark.parametrize("mode", ["mxfp8", "affine"])
+def test_load_mlx_lm_saved(converted, tmp_path, mode):
+    """A model written by mlx-lm's own quantize_model/save: MLX-mode layers on mlx_fpqmm."""
+    import mlx_lm
+    from mlx_lm.utils import quantize_model
+
+    hf_path = converted["checkpoints"]["qwen3_moe"]
+    model, config = load_model(hf_path)
+    model, config = quantize_model(model, config, None, None, mode=mode)
+    save_model(tmp_path, model)
+    save_config(config, tmp_path / "config.json")
+    save_tokenizer(tmp_path)
+    ours, _ = mlx_fpqmm.load(str(tmp_path))
+    theirs, _ = mlx_lm.load(str(tmp_path))
+    kinds = {(m.mode, type(m).__module__) for _, m in ours.named_modules() if "scales" in m}
+    if mode == "affine":
+        assert kinds == {
+            ("affine", "mlx.nn.layers.quantized"),
+            ("affine", "mlx_lm.models.switch_layers"),
+        }
+    else:
+        assert kinds == {("affine", "mlx.nn.layers.quantized"), ("mxfp8", "mlx_fpqmm.nn"),
+                         ("mxfp8", "mlx_fpqmm._switch")}  # fmt: skip
+    assert mx.allclose(ours(TOKENS), theirs(TOKENS), rtol=1e-4, atol=1e-4).item()
+
+
 def test_config_entry(converted):
     import json
 
@@ -177,6 +203,24 @@ def test_config_entry(converted):
     assert quantization["model.layers.0.self_attn.q_proj"]["mode"].startswith("fp8 ")
     model, _ = mlx_fpqmm.load(str(out))
     assert model.layers[0].self_attn.q_proj.group_size == 64
+
+
+def test_quant_predicate_recipe(converted):
+    """mlx-lm's recipe: high-bit layers in the 8-bit sibling, gates as the model says."""
+    import json
+
+    from mlx_fpqmm._lm import convert_checkpoint
+
+    out = converted["root"] / "moe-recipe"
+    hf_path = converted["checkpoints"]["qwen3_moe"]
+    convert_checkpoint(str(hf_path), out, mode="fp4", quant_predicate="mixed_3_6", verbose=False)
+    quantization = json.loads((out / "config.json").read_text())["quantization"]
+    assert quantization["model.layers.0.mlp.gate"] == {"group_size": 64, "bits": 8}
+    assert quantization["model.layers.1.self_attn.v_proj"]["mode"].startswith("fp8 ")
+    assert quantization["model.layers.0.self_attn.v_proj"]["mode"].startswith("fp4 ")
+    model, _ = mlx_fpqmm.load(str(out))
+    assert model.layers[1].self_attn.v_proj.mode == "fp8"
+    assert model.layers[0].mlp.switch_mlp.down_proj.mode == "fp4"
 
 
 def test_generate_cli(converted):
