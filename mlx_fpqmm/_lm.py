@@ -113,8 +113,14 @@ def quantize_model(
         quant_params["global_scale"] = True
     quantized_config = copy.deepcopy(config)
     quant_predicate = quant_predicate or getattr(model, "quant_predicate", None)
-    entries: dict[str, Any] = dict(_tagged(quant_params))
-    entries.pop("global_scale", None)
+    # A model that is already partly quantized (e.g. a checkpoint with mxfp4 experts) keeps
+    # its entry, and every layer quantized here gets one of its own, as in mlx-lm.
+    fine_grained = "quantization" in quantized_config
+    if fine_grained:
+        entries: dict[str, Any] = dict(quantized_config["quantization"])
+    else:
+        entries = dict(_tagged(quant_params))
+        entries.pop("global_scale", None)
 
     def predicate(path: str, module: nn.Module) -> bool | dict:
         if not hasattr(module, "to_quantized"):
@@ -136,7 +142,7 @@ def quantize_model(
             params["global_scale"] = True
         # mlx-lm infers MLX's modes from the weights; everything else is written down.
         recorded = _tagged(params)
-        if recorded != quant_params or recorded["mode"] != mode:
+        if fine_grained or recorded != quant_params or recorded["mode"] != mode:
             entries[path] = recorded
         return params
 

@@ -207,6 +207,29 @@ def test_config_entry(converted):
     assert model.layers[0].self_attn.q_proj.group_size == 64
 
 
+def test_convert_partly_quantized(converted, tmp_path):
+    """A checkpoint with mxfp4 MLPs (as mlx-lm wrote it): the rest in fp8, entries per layer."""
+    import mlx_lm
+    from mlx_lm.utils import quantize_model
+
+    from mlx_fpqmm._lm import convert_checkpoint
+
+    src = tmp_path / "src"
+    model, config = load_model(converted["checkpoints"]["llama"])
+    config = quantize_model(model, config, None, None, mode="mxfp4",
+                            quant_predicate=lambda p, _: "mlp" in p)[1]  # fmt: skip
+    save_model(src, model)
+    save_config(config, src / "config.json")
+    save_tokenizer(src)
+    convert_checkpoint(str(src), tmp_path / "out", mode="fp8", verbose=False)
+    model, _ = mlx_fpqmm.load(str(tmp_path / "out"))
+    assert model.layers[0].mlp.up_proj.mode == "mxfp4"
+    assert model.layers[0].self_attn.q_proj.mode == "fp8"
+    assert model.model.embed_tokens.mode == "fp8"
+    with pytest.raises(ValueError, match=r"mlx_fpqmm\.load"):
+        mlx_lm.load(str(tmp_path / "out"))
+
+
 def test_quant_predicate_recipe(converted):
     """mlx-lm's recipe: high-bit layers in the 8-bit sibling, gates as the model says."""
     import json
