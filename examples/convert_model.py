@@ -2,8 +2,9 @@
 
 python examples/convert_model.py              # offline, on a tiny random llama and a
                                               # tiny random gpt-oss (mixture of experts)
-python examples/convert_model.py MODEL        # an mxfp4/nvfp4/mxfp8 mlx-lm model: local
-                                              # directory or Hugging Face repo
+python examples/convert_model.py MODEL        # an mlx-lm model (mxfp4/nvfp4/mxfp8) or one
+                                              # written by `python -m mlx_fpqmm.convert`
+                                              # (any mode): directory or Hugging Face repo
 """
 
 import sys
@@ -124,10 +125,12 @@ def tiny_moe_demo() -> None:
 
 
 def real_model(path: str) -> None:
-    from mlx_lm import generate, load
+    from mlx_lm import generate
 
-    model, tokenizer = load(path)
-    print(mlx_fpqmm.convert(model))
+    # mlx_lm.load, building mlx_fpqmm's layers (fp4, fp8 and global scales included).
+    model, tokenizer = mlx_fpqmm.load(path)
+    modes = sorted({m.mode for _, m in model.named_modules() if "scales" in m})
+    print(f"loaded {path}: quantized layers in {', '.join(modes) or 'no mode'}")
     generate(model, tokenizer, prompt="Write a haiku about matrices.", max_tokens=64, verbose=True)
 
 

@@ -38,6 +38,7 @@ def qmm_for_mode(mode: str) -> Callable[..., mx.array]:
     return fp4_qmm if fmt["codes"] == "e2m1" else fp8_qmm
 
 
+from ._lm import load  # noqa: E402  (imports mlx-lm on first call only)
 from .nn import convert  # noqa: E402  (also binds the mlx_fpqmm.nn submodule)
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "formats",
     "gather_qmm",
     "kernel_path",
+    "load",
     "nn",
     "qmm_for_mode",
     "quantize",

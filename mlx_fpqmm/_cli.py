@@ -1,0 +1,163 @@
+"""The command lines ``python -m mlx_fpqmm.convert`` and ``python -m mlx_fpqmm.generate``.
+
+They live here rather than in ``mlx_fpqmm/convert.py``: the package attribute
+``mlx_fpqmm.convert`` is the function :func:`mlx_fpqmm.nn.convert`, and
+``mlx_fpqmm/convert.py`` is only the ``-m`` entry point (see its docstring).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from . import FORMATS
+
+
+def convert_parser() -> argparse.ArgumentParser:
+    """``mlx_lm.convert``'s options that apply, with ``--mode`` for all five formats."""
+    from mlx_lm.convert import MODEL_CONVERSION_DTYPES, QUANT_RECIPES
+
+    parser = argparse.ArgumentParser(
+        prog="python -m mlx_fpqmm.convert",
+        description="Convert a Hugging Face model to an MLX model quantized by mlx_fpqmm.",
+    )
+    parser.add_argument(
+        "--hf-path",
+        "--model",
+        type=str,
+        required=True,
+        help="Path to the model. This can be a local path or a Hugging Face Hub model identifier.",
+    )
+    parser.add_argument(
+        "--mlx-path", type=str, default="mlx_model", help="Path to save the MLX model."
+    )
+    parser.add_argument(
+        "--mode",
+        "--q-mode",
+        type=str,
+        default="mxfp4",
+        choices=list(FORMATS),
+        help="The quantization mode (fp4 and fp8 load with mlx_fpqmm.load only).",
+    )
+    parser.add_argument(
+        "--group-size",
+        "--q-group-size",
+        type=int,
+        default=None,
+        help="Group size for quantization (default: the mode's).",
+    )
+    parser.add_argument(
+        "--global-scale",
+        action="store_true",
+        help="nvfp4 only: a float32 tensor scale per layer (per expert for experts); "
+        "such models load with mlx_fpqmm.load only.",
+    )
+    parser.add_argument(
+        "--quant-predicate",
+        choices=QUANT_RECIPES,
+        type=str,
+        required=False,
+        help="Mixed recipe (mlx-lm's): its high-bit layers get the mode's 8-bit sibling "
+        "(mxfp8 for mxfp4/nvfp4, fp8 for fp4).",
+    )
+    parser.add_argument(
+        "--dtype",
+        type=str,
+        choices=MODEL_CONVERSION_DTYPES,
+        default=None,
+        help="Type to save the non-quantized parameters. Defaults to config.json's "
+        "`torch_dtype` or the current model weights dtype.",
+    )
+    parser.add_argument(
+        "--revision", type=str, default=None, help="Hugging Face Hub revision to load."
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        default=False,
+        help="Trust remote code when loading tokenizer.",
+    )
+    return parser
+
+
+def convert_main(argv: Sequence[str] | None = None) -> None:
+    from ._lm import convert_checkpoint
+
+    args = convert_parser().parse_args(argv)
+    if args.global_scale and args.mode != "nvfp4":
+        sys.exit("error: --global-scale needs --mode nvfp4")
+    convert_checkpoint(
+        args.hf_path,
+        args.mlx_path,
+        mode=args.mode,
+        group_size=args.group_size,
+        global_scale=args.global_scale,
+        dtype=args.dtype,
+        quant_predicate=args.quant_predicate,
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
+    )
+
+
+def generate_main(argv: Sequence[str] | None = None) -> None:
+    """``mlx_lm.generate``'s common path (its own argument parser) with :func:`mlx_fpqmm.load`."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate, setup_arg_parser
+    from mlx_lm.sample_utils import make_sampler
+
+    from ._lm import load
+
+    parser = setup_arg_parser()
+    parser.prog = "python -m mlx_fpqmm.generate"
+    args = parser.parse_args(argv)
+    unsupported = [
+        name
+        for name in ("prompt_cache_file", "draft_model", "image", "adapter_path")
+        if getattr(args, name, None)
+    ]
+    if unsupported:
+        flags = ", ".join("--" + n.replace("_", "-") for n in unsupported)
+        parser.error(f"{flags}: use mlx_lm.generate for these")
+    if args.seed is not None:
+        mx.random.seed(args.seed)
+    tokenizer_config = {"trust_remote_code": args.trust_remote_code}
+    model, tokenizer = load(
+        args.model,
+        tokenizer_config=tokenizer_config,
+        trust_remote_code=args.trust_remote_code,
+    )
+    for eos_token in args.extra_eos_token:
+        tokenizer.add_eos_token(eos_token)
+    prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")
+    prompt = sys.stdin.read() if prompt == "-" else prompt
+    use_chat_template = not args.ignore_chat_template and tokenizer.has_chat_template
+    if use_chat_template:
+        messages = []
+        if args.system_prompt is not None:
+            messages.append({"role": "system", "content": args.system_prompt})
+        messages.append({"role": "user", "content": prompt})
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer.encode(prompt, add_special_tokens=not use_chat_template)
+    sampler = make_sampler(
+        args.temp,
+        args.top_p,
+        args.min_p,
+        args.min_tokens_to_keep,
+        top_k=args.top_k,
+    )
+    response = generate(
+        model,
+        tokenizer,
+        prompt,
+        max_tokens=args.max_tokens,
+        verbose=args.verbose,
+        sampler=sampler,
+        max_kv_size=args.max_kv_size,
+        prefill_step_size=args.prefill_step_size,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        quantized_kv_start=args.quantized_kv_start,
+    )
+    if not args.verbose:
+        print(response)

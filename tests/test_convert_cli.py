@@ -1,0 +1,273 @@
+"""The mlx-lm workflow: `python -m mlx_fpqmm.convert`, `mlx_fpqmm.load`, `python -m
+mlx_fpqmm.generate`, offline on tiny random Hugging Face-format checkpoints."""
+
+import importlib
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+pytest.importorskip("mlx_lm")
+from mlx_lm.models import llama, qwen3_moe  # noqa: E402
+from mlx_lm.utils import load_model, save_config, save_model  # noqa: E402
+
+import mlx_fpqmm  # noqa: E402
+import mlx_fpqmm.nn  # noqa: E402
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+WORDS = ["<unk>", "</s>"] + [f"w{i}" for i in range(62)]
+
+TINY = {
+    "llama": dict(
+        model_type="llama",
+        hidden_size=128,
+        num_hidden_layers=2,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=128,
+        tie_word_embeddings=True,
+        eos_token_id=1,
+    ),
+    "qwen3_moe": dict(
+        model_type="qwen3_moe",
+        hidden_size=128,
+        num_hidden_layers=2,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        vocab_size=128,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=1,
+    ),
+}
+MODULES = {"llama": llama, "qwen3_moe": qwen3_moe}
+TOKENS = mx.array([[2, 5, 9, 17, 33, 40, 3, 7]])
+
+
+def save_tokenizer(path: Path) -> None:
+    """A tiny word-level tokenizer, built offline with `tokenizers`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")
+    fast.save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """A float checkpoint per model type: config.json, safetensors, tokenizer."""
+    root = tmp_path_factory.mktemp("hf")
+    paths = {}
+    for name, config in TINY.items():
+        mx.random.seed(1)
+        module = MODULES[name]
+        model = module.Model(module.ModelArgs.from_dict(config))
+        path = root / name
+        save_model(path, model)
+        save_config(dict(config), path / "config.json")
+        save_tokenizer(path)
+        paths[name] = path
+    return paths
+
+
+def run(module: str, *args: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args], env=ENV, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def reference_logits(hf_path: Path, mode: str, global_scale: bool = False) -> mx.array:
+    """The float model quantized in-process by mlx_fpqmm.nn.quantize (routers as mlx-lm)."""
+    model, _ = load_model(hf_path)
+    own = getattr(model, "quant_predicate", None)
+    mlx_fpqmm.nn.quantize(
+        model,
+        mode=mode,
+        global_scale=global_scale,
+        class_predicate=lambda p, m: hasattr(m, "to_quantized") and (own(p, m) if own else True),
+    )
+    return model(TOKENS)
+
+
+CASES = [
+    ("llama", "mxfp4", ()),
+    ("llama", "nvfp4", ()),
+    ("llama", "mxfp8", ()),
+    ("llama", "fp4", ()),
+    ("llama", "fp8", ()),
+    ("qwen3_moe", "mxfp4", ()),
+    ("qwen3_moe", "nvfp4", ("--global-scale",)),
+]
+
+
+@pytest.fixture(scope="module")
+def converted(checkpoints, tmp_path_factory) -> dict:
+    out_root = tmp_path_factory.mktemp("mlx")
+    return {"root": out_root, "checkpoints": checkpoints}
+
+
+@pytest.mark.parametrize(("name", "mode", "extra"), CASES)
+@pytest.mark.slow  # subprocesses
+def test_convert_load_logits(converted, name, mode, extra):
+    import mlx_lm
+
+    hf_path = converted["checkpoints"][name]
+    out = converted["root"] / f"{name}-{mode}"
+    run(
+        "mlx_fpqmm.convert",
+        "--hf-path",
+        str(hf_path),
+        "--mlx-path",
+        str(out),
+        "--mode",
+        mode,
+        *extra,
+    )
+    assert (out / "tokenizer.json").exists() and list(out.glob("model*.safetensors"))
+
+    model, tokenizer = mlx_fpqmm.load(str(out))
+    assert tokenizer.encode("w1 w2", add_special_tokens=False) == [3, 4]
+    layers = {m.mode: type(m).__module__ for _, m in model.named_modules() if "scales" in m}
+    assert layers.pop(mode).startswith("mlx_fpqmm")
+    assert set(layers) <= {"affine"}  # qwen3_moe's gates, 8-bit affine as mlx-lm leaves them
+    if name == "qwen3_moe":
+        assert layers == {"affine": "mlx.nn.layers.quantized"}
+        assert type(model.layers[0].mlp.switch_mlp.up_proj).__module__ == "mlx_fpqmm._switch"
+    logits = model(TOKENS)
+    expected = reference_logits(hf_path, mode, global_scale=bool(extra))
+    assert mx.array_equal(logits, expected).item()
+
+    if mode in ("mxfp4", "nvfp4", "mxfp8") and not extra:
+        lm_model, _ = mlx_lm.load(str(out))
+        assert mx.allclose(lm_model(TOKENS), logits, rtol=1e-4, atol=1e-4).item()
+    else:
+        with pytest.raises(ValueError, match=r"mlx_fpqmm\.load"):
+            mlx_lm.load(str(out))
+
+
+@pytest.mark.parametrize("mode", ["mxfp8", "affine"])
+def test_load_mlx_lm_saved(converted, tmp_path, mode):
+    """A model written by mlx-lm's own quantize_model/save: MLX-mode layers on mlx_fpqmm."""
+    import mlx_lm
+    from mlx_lm.utils import quantize_model
+
+    hf_path = converted["checkpoints"]["qwen3_moe"]
+    model, config = load_model(hf_path)
+    model, config = quantize_model(model, config, None, None, mode=mode)
+    save_model(tmp_path, model)
+    save_config(config, tmp_path / "config.json")
+    save_tokenizer(tmp_path)
+    ours, _ = mlx_fpqmm.load(str(tmp_path))
+    theirs, _ = mlx_lm.load(str(tmp_path))
+    kinds = {(m.mode, type(m).__module__) for _, m in ours.named_modules() if "scales" in m}
+    if mode == "affine":
+        assert kinds == {
+            ("affine", "mlx.nn.layers.quantized"),
+            ("affine", "mlx_lm.models.switch_layers"),
+        }
+    else:
+        assert kinds == {("affine", "mlx.nn.layers.quantized"), ("mxfp8", "mlx_fpqmm.nn"),
+                         ("mxfp8", "mlx_fpqmm._switch")}  # fmt: skip
+    assert mx.allclose(ours(TOKENS), theirs(TOKENS), rtol=1e-4, atol=1e-4).item()
+
+
+@pytest.mark.slow  # subprocesses
+def test_config_entry(converted):
+    import json
+
+    hf_path = converted["checkpoints"]["llama"]
+    out = converted["root"] / "llama-fp8-g64"
+    run("mlx_fpqmm.convert", "--hf-path", str(hf_path), "--mlx-path", str(out), "--mode", "fp8",
+        "--group-size", "64")  # fmt: skip
+    quantization = json.loads((out / "config.json").read_text())["quantization"]
+    assert quantization["mode"] == "fp8 (load with mlx_fpqmm.load)"
+    assert (quantization["group_size"], quantization["bits"]) == (64, 8)
+    assert quantization["model.layers.0.self_attn.q_proj"]["mode"].startswith("fp8 ")
+    model, _ = mlx_fpqmm.load(str(out))
+    assert model.layers[0].self_attn.q_proj.group_size == 64
+
+
+def test_convert_partly_quantized(converted, tmp_path):
+    """A checkpoint with mxfp4 MLPs (as mlx-lm wrote it): the rest in fp8, entries per layer."""
+    import mlx_lm
+    from mlx_lm.utils import quantize_model
+
+    from mlx_fpqmm._lm import convert_checkpoint
+
+    src = tmp_path / "src"
+    model, config = load_model(converted["checkpoints"]["llama"])
+    config = quantize_model(model, config, None, None, mode="mxfp4",
+                            quant_predicate=lambda p, _: "mlp" in p)[1]  # fmt: skip
+    save_model(src, model)
+    save_config(config, src / "config.json")
+    save_tokenizer(src)
+    convert_checkpoint(str(src), tmp_path / "out", mode="fp8", verbose=False)
+    model, _ = mlx_fpqmm.load(str(tmp_path / "out"))
+    assert model.layers[0].mlp.up_proj.mode == "mxfp4"
+    assert model.layers[0].self_attn.q_proj.mode == "fp8"
+    assert model.model.embed_tokens.mode == "fp8"
+    with pytest.raises(ValueError, match=r"mlx_fpqmm\.load"):
+        mlx_lm.load(str(tmp_path / "out"))
+
+
+def test_quant_predicate_recipe(converted):
+    """mlx-lm's recipe: high-bit layers in the 8-bit sibling, gates as the model says."""
+    import json
+
+    from mlx_fpqmm._lm import convert_checkpoint
+
+    out = converted["root"] / "moe-recipe"
+    hf_path = converted["checkpoints"]["qwen3_moe"]
+    convert_checkpoint(str(hf_path), out, mode="fp4", quant_predicate="mixed_3_6", verbose=False)
+    quantization = json.loads((out / "config.json").read_text())["quantization"]
+    assert quantization["model.layers.0.mlp.gate"] == {"group_size": 64, "bits": 8}
+    assert quantization["model.layers.1.self_attn.v_proj"]["mode"].startswith("fp8 ")
+    assert quantization["model.layers.0.self_attn.v_proj"]["mode"].startswith("fp4 ")
+    model, _ = mlx_fpqmm.load(str(out))
+    assert model.layers[1].self_attn.v_proj.mode == "fp8"
+    assert model.layers[0].mlp.switch_mlp.down_proj.mode == "fp4"
+
+
+@pytest.mark.slow  # subprocesses
+def test_generate_cli(converted):
+    hf_path = converted["checkpoints"]["llama"]
+    out = converted["root"] / "llama-gen"
+    run("mlx_fpqmm.convert", "--hf-path", str(hf_path), "--mlx-path", str(out), "--mode", "fp4")
+    result = run(
+        "mlx_fpqmm.generate", "--model", str(out), "--prompt", "w1 w2 w3", "--max-tokens", "5"
+    )
+    assert "Generation:" in result.stdout and "tokens-per-sec" in result.stdout
+
+
+def test_convert_name_stays_the_function(monkeypatch):
+    """`python -m mlx_fpqmm.convert` exists without clobbering the function."""
+    assert mlx_fpqmm.convert is mlx_fpqmm.nn.convert
+    monkeypatch.setattr(sys, "argv", ["mlx_fpqmm.convert", "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_module("mlx_fpqmm.convert", run_name="__main__")
+    assert exit_info.value.code == 0
+    assert mlx_fpqmm.convert is mlx_fpqmm.nn.convert
+    assert importlib.import_module("mlx_fpqmm.convert") is mlx_fpqmm.nn.convert
+    __import__("mlx_fpqmm.convert")  # `import mlx_fpqmm.convert`
+    assert mlx_fpqmm.convert is mlx_fpqmm.nn.convert
+    assert callable(mlx_fpqmm.convert)
