@@ -98,6 +98,7 @@ def layer_cases(group) -> dict:
 
 
 def llama_cases(group) -> dict:
+    from mlx_lm.generate import generate_step
     from mlx_lm.models import llama
 
     args = llama.ModelArgs(
@@ -115,23 +116,34 @@ def llama_cases(group) -> dict:
     )
     tokens = mx.array([[1, 5, 9, 200, 31, 7], [3, 3, 17, 100, 8, 99]])
     out = {}
-    for how in ("mxfp4-convert", "nvfp4-global-scale", "fp8"):
+    prompt = mx.array([1, 2, 3, 4])
+
+    def greedy(model) -> list[int]:
+        return [int(t) for t, _ in generate_step(prompt, model, max_tokens=8)]
+
+    for how in ("mxfp4-convert", "mxfp4-shard-then-convert", "nvfp4-global-scale", "fp8"):
         mx.random.seed(0)
         model = llama.Model(args)
-        if how == "mxfp4-convert":
-            nn.quantize(model, mode="mxfp4")
-            mlx_fpqmm.convert(model)
+        if how.startswith("mxfp4"):
+            nn.quantize(model, mode="mxfp4")  # MLX's layers, as mlx-lm loads them
         else:
             mode = how.split("-")[0]
             mlx_fpqmm.nn.quantize(model, mode=mode, global_scale=mode == "nvfp4")
-        ref = model(tokens)
-        with mlx_fpqmm.nn.sharding():
-            model.shard(group)
+        ref, ref_tokens = model(tokens), greedy(model)
+        if how == "mxfp4-shard-then-convert":
+            model.shard(group)  # MLX's sharded classes, then ours
+            mlx_fpqmm.convert(model)
+        else:
+            if how == "mxfp4-convert":
+                mlx_fpqmm.convert(model)
+            with mlx_fpqmm.nn.sharding():
+                model.shard(group)
         q = model.model.layers[0].self_attn.q_proj
         o = model.model.layers[0].self_attn.o_proj
         out[f"llama/{how}"] = {
-            "class": f"{type(q).__name__},{type(o).__name__}",
+            "class": f"{type(q).__module__}.{type(q).__name__},{type(o).__name__}",
             "out": rel(model(tokens), ref),
+            "same_greedy": greedy(model) == ref_tokens,
         }
 
     # Mixture of experts: model.shard calls shard_inplace on the experts.

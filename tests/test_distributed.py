@@ -120,10 +120,14 @@ def test_layers_two_ranks(tmp_path):
 @pytest.mark.slow
 def test_models_two_ranks(tmp_path):
     results = run_ranks("llama", tmp_path)
-    check(results, expected_cases=4)
+    check(results, expected_cases=5)
+    llama = ("mxfp4-convert", "mxfp4-shard-then-convert", "nvfp4-global-scale", "fp8")
     for res in results:
-        for name in ("llama/mxfp4-convert", "llama/nvfp4-global-scale", "llama/fp8"):
-            assert res[name]["class"] == "QuantizedAllToShardedLinear,QuantizedShardedToAllLinear"
+        for name in llama:
+            assert res[f"llama/{name}"]["class"] == (
+                "mlx_fpqmm._sharded.QuantizedAllToShardedLinear,QuantizedShardedToAllLinear"
+            )
+            assert res[f"llama/{name}"]["same_greedy"], name
         assert res["qwen3_moe/nvfp4-global-scale"]["class"] == "QuantizedSwitchLinear"
 
 
