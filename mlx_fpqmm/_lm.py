@@ -23,7 +23,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_map_with_path
+from mlx.utils import tree_flatten, tree_map_with_path
 
 from . import FORMATS
 
@@ -149,6 +149,13 @@ def quantize_model(
     fpnn.quantize(
         model, group_size, mode=mode, global_scale=global_scale, class_predicate=predicate
     )
+    # The quantization runs here, layer by layer, with a progress bar (MLX is lazy: it
+    # would otherwise all happen at save time).
+    from tqdm import tqdm  # an mlx-lm dependency
+
+    layers = [m for _, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)]
+    for layer in tqdm(layers, desc="quantizing", unit="layer", disable=not layers):
+        mx.eval(layer.parameters())
     quantized_config["quantization"] = entries
     quantized_config["quantization_config"] = entries
     from mlx_lm.utils import compute_bits_per_weight
