@@ -13,10 +13,12 @@ namespace mlx_fpqmm {
 
 namespace {
 
+// The optional global scale, the last input of either primitive.
+template <typename Which>
 std::optional<mx::array> global_scale_input(
-    const std::vector<mx::array>& inputs) {
-  if (has_global_scale(inputs)) {
-    return input(inputs, Input::global_scale);
+    const std::vector<mx::array>& inputs, Which which) {
+  if (inputs.size() > static_cast<size_t>(which)) {
+    return input(inputs, which);
   }
   return std::nullopt;
 }
@@ -72,11 +74,8 @@ ScaleEncoding scale_encoding(Mode mode, const mx::array& scales) {
 
 std::vector<mx::Shape> FpQuantizedMatmul::output_shapes(
     const std::vector<mx::array>& inputs) {
-  const auto& w = input(inputs, Input::w);
-  int n = transpose_ ? w.shape(-2)
-                     : w.shape(-1) * format_for(mode_).elements_per_word();
   auto shape = input(inputs, Input::x).shape();
-  shape.back() = n;
+  shape.back() = output_columns(input(inputs, Input::w));
   return {shape};
 }
 
@@ -103,7 +102,7 @@ std::vector<mx::array> FpQuantizedMatmul::vjp(
         cotangents[0],
         input(primals, Input::w),
         input(primals, Input::scales),
-        global_scale_input(primals),
+        global_scale_input(primals, Input::global_scale),
         mode_,
         group_size_,
         !transpose_,
@@ -128,7 +127,7 @@ std::vector<mx::array> FpQuantizedMatmul::jvp(
       tangents[0],
       input(primals, Input::w),
       input(primals, Input::scales),
-      global_scale_input(primals),
+      global_scale_input(primals, Input::global_scale),
       mode_,
       group_size_,
       transpose_,
@@ -136,14 +135,6 @@ std::vector<mx::array> FpQuantizedMatmul::jvp(
 }
 
 namespace {
-
-std::optional<mx::array> expert_scales_input(
-    const std::vector<mx::array>& inputs) {
-  if (has_expert_scales(inputs)) {
-    return input(inputs, GatherInput::global_scale);
-  }
-  return std::nullopt;
-}
 
 void check_gather_argnums(
     const char* transform, const std::vector<int>& argnums) {
@@ -162,13 +153,9 @@ void check_gather_argnums(
 
 std::vector<mx::Shape> FpGatherQuantizedMatmul::output_shapes(
     const std::vector<mx::array>& inputs) {
-  const auto& x = input(inputs, GatherInput::x);
-  const auto& w = input(inputs, GatherInput::w);
-  int n = transpose_ ? w.shape(-2)
-                     : w.shape(-1) * format_for(mode_).elements_per_word();
   auto shape = input(inputs, GatherInput::lhs_indices).shape();
-  shape.push_back(x.shape(-2));
-  shape.push_back(n);
+  shape.push_back(input(inputs, GatherInput::x).shape(-2));
+  shape.push_back(output_columns(input(inputs, GatherInput::w)));
   return {shape};
 }
 
@@ -187,6 +174,9 @@ std::vector<mx::array> FpGatherQuantizedMatmul::vjp(
   const auto& lhs = input(primals, GatherInput::lhs_indices);
   const auto& cotangent = cotangents[0];
   auto s = stream();
+  if (x.size() == 0) {
+    return {mx::zeros_like(x, s)};
+  }
   // Per pair, cotangent @ W (the same weights with transpose flipped), then
   // summed into the x matrices the pairs read.
   auto pairs = mx::reshape(
@@ -197,15 +187,12 @@ std::vector<mx::array> FpGatherQuantizedMatmul::vjp(
       input(primals, GatherInput::scales),
       pairs,
       input(primals, GatherInput::rhs_indices),
-      expert_scales_input(primals),
+      global_scale_input(primals, GatherInput::global_scale),
       mode_,
       group_size_,
       !transpose_,
       false,
       s);
-  if (x.size() == 0) {
-    return {mx::zeros_like(x, s)};
-  }
   int x_matrices = static_cast<int>(matrix_count(x));
   // A pair whose x index is out of range (its output was NaN) adds NaN to
   // matrix 0 rather than writing out of bounds.
@@ -238,7 +225,7 @@ std::vector<mx::array> FpGatherQuantizedMatmul::jvp(
       input(primals, GatherInput::scales),
       input(primals, GatherInput::lhs_indices),
       input(primals, GatherInput::rhs_indices),
-      expert_scales_input(primals),
+      global_scale_input(primals, GatherInput::global_scale),
       mode_,
       group_size_,
       transpose_,

@@ -1,4 +1,5 @@
-// FpQuantizedMatmul: x @ dequant(w).T (or x @ dequant(w)) for the fp formats.
+// FpQuantizedMatmul: x @ dequant(w).T (or x @ dequant(w)) for the fp formats,
+// and FpGatherQuantizedMatmul, its mixture-of-experts (gather) form.
 #pragma once
 
 #include <array>
@@ -70,14 +71,30 @@ FloatType float_type(mx::Dtype dtype);
 // How the kernels read the scales input of a `mode` call.
 ScaleEncoding scale_encoding(Mode mode, const mx::array& scales);
 
-class FpQuantizedMatmul : public mx::UnaryPrimitive {
+// What both primitives hold: the format, the group size and w's orientation.
+class FpPrimitive : public mx::UnaryPrimitive {
  public:
-  FpQuantizedMatmul(
-      mx::Stream stream, Mode mode, int group_size, bool transpose)
+  FpPrimitive(mx::Stream stream, Mode mode, int group_size, bool transpose)
       : mx::UnaryPrimitive(stream),
         mode_(mode),
         group_size_(group_size),
         transpose_(transpose) {}
+
+ protected:
+  // Columns of the output: w's rows (transpose) or its unpacked row length.
+  int output_columns(const mx::array& w) const {
+    return transpose_ ? w.shape(-2)
+                      : w.shape(-1) * format_for(mode_).elements_per_word();
+  }
+
+  Mode mode_;
+  int group_size_;
+  bool transpose_;
+};
+
+class FpQuantizedMatmul : public FpPrimitive {
+ public:
+  using FpPrimitive::FpPrimitive;
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -102,16 +119,7 @@ class FpQuantizedMatmul : public mx::UnaryPrimitive {
   auto state() const {
     return std::make_tuple(mode_, group_size_, transpose_);
   }
-
- private:
-  Mode mode_;
-  int group_size_;
-  bool transpose_;
 };
-
-}  // namespace mlx_fpqmm
-
-namespace mlx_fpqmm {
 
 // FpGatherQuantizedMatmul's inputs, in this order: x, w, scales,
 // lhs_indices, rhs_indices and, for nvfp4 with global scales, global_scale
@@ -169,7 +177,7 @@ static_assert(
 // uint32 of one shape (the pairs); for nvfp4 with global scales,
 // global_scale (E,). Output: the pairs' shape + (M, N). A pair with an index
 // out of range gets NaN rows.
-class FpGatherQuantizedMatmul : public mx::UnaryPrimitive {
+class FpGatherQuantizedMatmul : public FpPrimitive {
  public:
   FpGatherQuantizedMatmul(
       mx::Stream stream,
@@ -177,10 +185,7 @@ class FpGatherQuantizedMatmul : public mx::UnaryPrimitive {
       int group_size,
       bool transpose,
       bool right_sorted)
-      : mx::UnaryPrimitive(stream),
-        mode_(mode),
-        group_size_(group_size),
-        transpose_(transpose),
+      : FpPrimitive(stream, mode, group_size, transpose),
         right_sorted_(right_sorted) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -208,9 +213,6 @@ class FpGatherQuantizedMatmul : public mx::UnaryPrimitive {
   }
 
  private:
-  Mode mode_;
-  int group_size_;
-  bool transpose_;
   bool right_sorted_;
 };
 

@@ -4,6 +4,7 @@
 // (cpu::qmm, parallel over output columns), and the results go back to their
 // pairs. Runs of pairs that are already adjacent (sorted indices) are read and
 // written in place.
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -103,6 +104,7 @@ void FpGatherQuantizedMatmul::eval_cpu(
           }
         }
 
+        const ScaleEncoding encoding = scale_encoding(mode, scales);
         std::vector<char> x_panel;
         std::vector<char> out_panel;
         for (int64_t e = 0; e < experts; ++e) {
@@ -145,7 +147,7 @@ void FpGatherQuantizedMatmul::eval_cpu(
                panel,
                reinterpret_cast<const uint32_t*>(w.data<char>() + e * w_size),
                scales.data<char>() + e * scales_size,
-               scale_encoding(mode, scales),
+               encoding,
                global_factor,
                result});
           if (!out_in_place) {
