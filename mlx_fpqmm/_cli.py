@@ -113,7 +113,16 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     unsupported = [
         name
-        for name in ("prompt_cache_file", "draft_model", "image", "adapter_path")
+        for name in (
+            "prompt_cache_file",
+            "draft_model",
+            "image",
+            "adapter_path",
+            "prefill_response",
+            "chat_template_config",
+            "use_default_chat_template",
+            "quantize_activations",
+        )
         if getattr(args, name, None)
     ]
     if unsupported:
@@ -145,6 +154,9 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
         args.min_p,
         args.min_tokens_to_keep,
         top_k=args.top_k,
+        xtc_probability=args.xtc_probability,
+        xtc_threshold=args.xtc_threshold,
+        xtc_special_tokens=tokenizer.encode("\n") + list(tokenizer.eos_token_ids),
     )
     response = generate(
         model,

@@ -27,10 +27,7 @@ from mlx.utils import tree_flatten, tree_map_with_path
 
 from . import FORMATS
 
-__all__ = ["MLX_MODES", "MODES", "convert_checkpoint", "load", "load_model", "quantize_model"]
-
-MODES = tuple(FORMATS)
-"""The modes :func:`convert_checkpoint` writes."""
+__all__ = ["MLX_MODES", "convert_checkpoint", "load", "load_model", "quantize_model"]
 
 MLX_MODES = ("mxfp4", "nvfp4", "mxfp8")
 """The modes MLX (and so mlx-lm) knows; the others are mlx_fpqmm's alone."""
@@ -74,10 +71,12 @@ def _recipe_predicate(recipe: str, model: nn.Module, mode: str, group_size: int)
 
     def predicate(path: str, module: nn.Module) -> bool | dict:
         # The model's own choices (e.g. 8-bit affine routers) come first.
-        if own is not None and not isinstance(chosen := own(path, module), bool):
+        if own is not None and (chosen := own(path, module)) is not True:
             return chosen
         if affine(path, module)["bits"] > low_bits:
-            return {"group_size": FORMATS[wider]["default_group_size"], "mode": wider}
+            # fp8 takes fp4's group sizes; mxfp8 has its one.
+            wide_group = group_size if wider == "fp8" else FORMATS[wider]["default_group_size"]
+            return {"group_size": wide_group, "mode": wider}
         return {"group_size": group_size, "mode": mode}
 
     return predicate
@@ -90,6 +89,7 @@ def quantize_model(
     mode: str = "mxfp4",
     global_scale: bool = False,
     quant_predicate: Callable[[str, nn.Module], bool | dict] | None = None,
+    verbose: bool = True,
 ) -> tuple[nn.Module, dict]:
     """``mlx_lm.utils.quantize_model`` on :func:`mlx_fpqmm.nn.quantize`.
 
@@ -104,10 +104,7 @@ def quantize_model(
     """
     from . import nn as fpnn
 
-    if mode not in FORMATS:
-        raise ValueError(f"Invalid mode '{mode}'; expected one of: {', '.join(FORMATS)}.")
-    group_size = group_size or FORMATS[mode]["default_group_size"]
-    bits = FORMATS[mode]["bits"]
+    group_size, bits = fpnn._resolve_mode(mode, group_size, None)
     quant_params = {"group_size": group_size, "bits": bits, "mode": mode}
     if global_scale:
         quant_params["global_scale"] = True
@@ -120,12 +117,9 @@ def quantize_model(
         entries: dict[str, Any] = dict(quantized_config["quantization"])
     else:
         entries = dict(_tagged(quant_params))
-        entries.pop("global_scale", None)
 
     def predicate(path: str, module: nn.Module) -> bool | dict:
         if not hasattr(module, "to_quantized"):
-            return False
-        if module.weight.shape[-1] % group_size != 0:
             return False
         params = quant_predicate(path, module) if quant_predicate else True
         if not params:
@@ -135,14 +129,17 @@ def quantize_model(
         else:
             params = dict(params)
             if params.get("mode", "affine") in FORMATS:
-                fmt = FORMATS[params["mode"]]
-                params.setdefault("bits", fmt["bits"])
-                params["group_size"] = params.get("group_size") or fmt["default_group_size"]
+                params["group_size"], params["bits"] = fpnn._resolve_mode(
+                    params["mode"], params.get("group_size"), params.get("bits")
+                )
+        # Layers whose input size the (layer's) group size does not divide stay float.
+        if module.weight.shape[-1] % params.get("group_size", group_size) != 0:
+            return False
         if global_scale and params.get("mode") == "nvfp4":
             params["global_scale"] = True
         # mlx-lm infers MLX's modes from the weights; everything else is written down.
         recorded = _tagged(params)
-        if fine_grained or recorded != quant_params or recorded["mode"] != mode:
+        if fine_grained or recorded != quant_params:
             entries[path] = recorded
         return params
 
@@ -154,13 +151,14 @@ def quantize_model(
     from tqdm import tqdm  # an mlx-lm dependency
 
     layers = [m for _, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)]
-    for layer in tqdm(layers, desc="quantizing", unit="layer", disable=not layers):
+    for layer in tqdm(layers, desc="quantizing", unit="layer", disable=not (verbose and layers)):
         mx.eval(layer.parameters())
     quantized_config["quantization"] = entries
     quantized_config["quantization_config"] = entries
     from mlx_lm.utils import compute_bits_per_weight
 
-    print(f"[INFO] Quantized model with {compute_bits_per_weight(model):.3f} bits per weight.")
+    if verbose:
+        print(f"[INFO] Quantized model with {compute_bits_per_weight(model):.3f} bits per weight.")
     return model, quantized_config
 
 
@@ -222,7 +220,9 @@ def convert_checkpoint(
 
         model.update(tree_map_with_path(set_dtype, model.parameters()))
     say(f"[INFO] Quantizing ({mode})")
-    model, config = quantize_model(model, config, group_size, mode, global_scale, quant_predicate)
+    model, config = quantize_model(
+        model, config, group_size, mode, global_scale, quant_predicate, verbose
+    )
     save(mlx_path, hf_path, model, tokenizer, config)
     say(f"[INFO] Saved to {mlx_path}")
 
@@ -351,13 +351,3 @@ def load(
     if return_config:
         return model, tokenizer, config
     return model, tokenizer
-
-
-def quantization_summary(model: nn.Module) -> str:
-    """``"N quantized layers (k x mode, ...)"`` for a loaded model."""
-    modes: dict[str, int] = {}
-    for _, m in model.named_modules():
-        if "scales" in m:
-            modes[m.mode] = modes.get(m.mode, 0) + 1
-    total = sum(modes.values())
-    return f"{total} quantized layers ({', '.join(f'{n} x {k}' for k, n in modes.items())})"

@@ -23,7 +23,7 @@ from mlx.nn.layers import distributed as _mlx_dist
 
 from . import FORMATS
 from ._ext import quantize as _quantize
-from .nn import QuantizedLinear, _matmul, _resolve_mode
+from .nn import QuantizedLinear, _matmul, _resolve_mode, _wrap
 
 __all__ = [
     "QuantizedAllToShardedLinear",
@@ -99,16 +99,17 @@ class _ShardedMixin:
 
     _sharding: str
 
-    def _init(
+    def __init__(
         self,
         input_dims: int,
         output_dims: int,
-        bias: bool,
-        group_size: int | None,
-        bits: int | None,
-        mode: str,
-        group: mx.distributed.Group | None,
-        global_scale: bool,
+        bias: bool = True,
+        group_size: int | None = None,
+        bits: int | None = None,
+        mode: str = "mxfp4",
+        group: mx.distributed.Group | None = None,
+        *,
+        global_scale: bool = False,
     ) -> None:
         nn.Module.__init__(self)
         self.group_size, self.bits = _resolve_mode(mode, group_size, bits)
@@ -156,15 +157,8 @@ class _ShardedMixin:
                 f"mlx_fpqmm's sharded layers need an fp mode ({', '.join(FORMATS)}) but the "
                 f"layer's mode is '{mode}'; use mlx.nn.shard_linear for it."
             )
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer.group_size, layer.bits = _resolve_mode(mode, source.group_size, source.bits)
-        layer.mode = mode
+        layer = _wrap(cls, source)
         layer.group = group or mx.distributed.init()
-        layer.biases = None
-        for key, value in source.items():
-            if isinstance(value, mx.array):
-                layer[key] = value
         out_dims, packed = source["weight"].shape
         in_dims = packed * 32 // layer.bits
         if cls._sharding == "all-to-sharded":
@@ -172,24 +166,14 @@ class _ShardedMixin:
         else:
             _check_divisible(layer, in_dims, "input")
         _MLX_SHARD_INPLACE(layer, _keep_global_scales(cls._sharding, segments), group=layer.group)
-        layer.freeze()
-        layer.train(source.training)
+        layer.freeze()  # as MLX's sharded layers: every parameter
         return layer
 
     @classmethod
     def from_quantized(cls, layer: nn.Module):
         """Wrap one of MLX's sharded layers in an fp mode, sharing its arrays (no copy)."""
-        ours = cls.__new__(cls)
-        nn.Module.__init__(ours)
-        ours.group_size, ours.bits = _resolve_mode(layer.mode, layer.group_size, layer.bits)
-        ours.mode = layer.mode
+        ours = _wrap(cls, layer)  # keeps its frozen state and training mode
         ours.group = layer.group
-        ours.biases = None
-        for key, value in layer.items():
-            if isinstance(value, mx.array):
-                ours[key] = value
-        ours.freeze()
-        ours.train(layer.training)
         return ours
 
 
@@ -215,20 +199,6 @@ class QuantizedAllToShardedLinear(_ShardedMixin, nn.QuantizedAllToShardedLinear)
 
     _sharding = "all-to-sharded"
 
-    def __init__(
-        self,
-        input_dims: int,
-        output_dims: int,
-        bias: bool = True,
-        group_size: int | None = None,
-        bits: int | None = None,
-        mode: str = "mxfp4",
-        group: mx.distributed.Group | None = None,
-        *,
-        global_scale: bool = False,
-    ):
-        self._init(input_dims, output_dims, bias, group_size, bits, mode, group, global_scale)
-
     def __call__(self, x: mx.array) -> mx.array:
         x = _mlx_dist.sum_gradients(self.group)(x)
         x = _matmul(self, x)
@@ -247,20 +217,6 @@ class QuantizedShardedToAllLinear(_ShardedMixin, nn.QuantizedShardedToAllLinear)
     """
 
     _sharding = "sharded-to-all"
-
-    def __init__(
-        self,
-        input_dims: int,
-        output_dims: int,
-        bias: bool = True,
-        group_size: int | None = None,
-        bits: int | None = None,
-        mode: str = "mxfp4",
-        group: mx.distributed.Group | None = None,
-        *,
-        global_scale: bool = False,
-    ):
-        self._init(input_dims, output_dims, bias, group_size, bits, mode, group, global_scale)
 
     def __call__(self, x: mx.array) -> mx.array:
         x = _matmul(self, x)

@@ -58,6 +58,7 @@ class QuantizedSwitchLinear(switch_layers.QuantizedSwitchLinear):
         self._setup(weight, group_size, bits, mode, global_scale)
         if bias:
             self.bias = mx.zeros((num_experts, output_dims))
+        self.freeze()  # as mlx-lm's layer: every parameter, the bias included
 
     def _setup(
         self,

@@ -28,7 +28,6 @@ __all__ = [
     "ConversionReport",
     "QuantizedEmbedding",
     "QuantizedLinear",
-    "QuantizedSwitchLinear",  # noqa: F822 (module __getattr__: imports mlx-lm)
     "convert",
     "quantize",
 ]
@@ -38,7 +37,8 @@ _SWITCH_LAYERS = "mlx_lm.models.switch_layers"
 
 
 def __getattr__(name: str):
-    # QuantizedSwitchLinear subclasses mlx-lm's layer: importing it imports mlx-lm.
+    # QuantizedSwitchLinear subclasses mlx-lm's layer: importing it imports mlx-lm (so it
+    # is not in __all__, where a star import would need mlx-lm).
     if name == "QuantizedSwitchLinear":
         from ._switch import QuantizedSwitchLinear
 
@@ -316,6 +316,8 @@ def quantize(
         _resolve_mode(mode, group_size, None)
     class_predicate = class_predicate or (lambda _, m: hasattr(m, "to_quantized"))
 
+    switch = _switch_layer_classes()
+
     def _maybe_quantize(path: str, m: nn.Module) -> nn.Module:
         params = class_predicate(path, m)
         if not params:
@@ -339,7 +341,6 @@ def quantize(
         if layer_mode in FORMATS and "quantize_input" not in params:
             # Only where MLX's own to_quantized would build an nn.QuantizedLinear/Embedding.
             from_float = _FROM_FLOAT.get(getattr(type(m), "to_quantized", None))
-            switch = _switch_layer_classes()
             if from_float is None and switch and type(m).to_quantized is switch[0].to_quantized:
                 from ._switch import QuantizedSwitchLinear
 
