@@ -41,6 +41,41 @@ inline half decode_code(uint code) {
   return decode_e4m3(code);
 }
 
+// Two codes at once, as the halves of a half2 (the decode kernels' inner
+// loop): `pair` holds one code in bits 0.. and another in bits 16.., as a
+// packed word shifted right holds codes i and i + 16 / bits. The result is
+// the codes' values divided by code_pair_scale<bits>: the bit patterns of
+// decode_e2m1 / decode_e4m3 without their final multiply, which the caller
+// applies once per chunk instead of once per code.
+inline half2 decode_e2m1_pair(uint pair) {
+  return as_type<half2>(
+      ((pair & 0x00080008u) << 12) | ((pair & 0x00070007u) << 9));
+}
+
+// Magnitude 0x7F (NaN) is the only one whose increment reaches bit 7; that
+// bit, moved to the half's top exponent bit, makes the half a NaN.
+inline half2 decode_e4m3_pair(uint pair) {
+  uint magnitude = pair & 0x007F007Fu;
+  uint nan_bits = ((magnitude + 0x00010001u) & 0x00800080u) << 7;
+  return as_type<half2>(
+      ((pair & 0x00800080u) << 8) | nan_bits | (magnitude << 7));
+}
+
+template <int bits>
+inline half2 decode_code_pair(uint pair) {
+  static_assert(bits == 4 || bits == 8, "fp codes are 4 or 8 bits wide");
+  if (bits == 4) {
+    return decode_e2m1_pair(pair);
+  }
+  return decode_e4m3_pair(pair);
+}
+
+// What decode_code_pair's values are multiplied by to be the codes' values.
+template <int bits>
+constexpr float code_pair_scale() {
+  return bits == 4 ? 16384.0f : 256.0f;
+}
+
 // E8M0: byte b is 2^(b - 127); MLX decodes byte 0 as 2^-127 (a float
 // subnormal) and byte 255 as +inf.
 inline float decode_e8m0(uint byte) {

@@ -83,14 +83,15 @@ FPQMM_CONST int kNaxBlockK = 64;
 FPQMM_CONST int kNaxThreads = 4 * kSimdSize;
 FPQMM_CONST int kNaxWeightItemsize = 2;  // bfloat
 
-// Decode kernel for transpose=True (qmv): each simdgroup owns `rows` outputs
-// of one x-row block; each lane reads 8 bytes of each weight row per step.
-// Two variants: up to 8 x rows with 2 outputs per simdgroup, and up to 32 x
-// rows with 1 (bounded registers: rows x outputs accumulators per lane).
+// Decode kernel for transpose=True (qmv): each simdgroup owns `outputs` rows
+// of W for one block of x rows; each lane takes whole groups of K, in chunks
+// of kQmvChunk codes (one 8- or 16-byte load). Two variants: up to 8 x rows
+// with 4 outputs per simdgroup (x read N / 4 times, as MLX's qmv_fast), and
+// up to 32 x rows with 1 (bounded registers: rows x outputs sums per lane).
 FPQMM_CONST int kQmvSimdgroups = 2;
-FPQMM_CONST int kQmvBytesPerLane = 8;
+FPQMM_CONST int kQmvChunk = 16;
 FPQMM_CONST int kQmvSmallRows = 8;
-FPQMM_CONST int kQmvSmallOutputs = 2;
+FPQMM_CONST int kQmvSmallOutputs = 4;
 FPQMM_CONST int kQmvLargeRows = 32;
 FPQMM_CONST int kQmvLargeOutputs = 1;
 

@@ -11,17 +11,58 @@ namespace fpqmm {
 
 using namespace metal;
 
+// The codes of `words` packed words as half2 pairs (decode_code_pair): pair
+// p of word i holds codes p and p + 16 / bits of that word.
+template <int bits, int words>
+inline void decode_pairs(const thread uint32_t* packed, thread half2* pairs) {
+  constexpr int pairs_per_word = 16 / bits;
+  constexpr uint pair_mask = ((1u << bits) - 1) * 0x00010001u;
+  for (int i = 0; i < words; ++i) {
+    for (int p = 0; p < pairs_per_word; ++p) {
+      pairs[i * pairs_per_word + p] =
+          decode_code_pair<bits>((packed[i] >> (bits * p)) & pair_mask);
+    }
+  }
+}
+
+// The dot product of kQmvChunk decoded codes (decode_pairs' order) with
+// kQmvChunk values of x, times the codes' group scale. A finite scale
+// multiplies the sum; a non-finite one multiplies each code, so that an inf
+// scale gives NaN on zero codes and zero x and opposite infinities cancel to
+// NaN, element by element as the CPU path (and dequantize-then-matmul) does.
+template <int bits>
+inline float scaled_dot(
+    const thread half2* pairs, const thread float* x, float scale) {
+  constexpr int pairs_per_word = 16 / bits;
+  constexpr int codes_per_word = 32 / bits;
+  const bool scale_each = !isfinite(scale);
+  const float code_scale = code_pair_scale<bits>() * (scale_each ? scale : 1);
+  float sum = 0.0f;
+  for (int i = 0; i < kQmvChunk / 2; ++i) {
+    const int word = i / pairs_per_word;
+    const int p = i % pairs_per_word;
+    float2 codes = float2(pairs[i]);
+    if (scale_each) {
+      codes *= code_scale;
+    }
+    sum = fma(codes.x, x[word * codes_per_word + p], sum);
+    sum = fma(codes.y, x[word * codes_per_word + p + pairs_per_word], sum);
+  }
+  // The pair scale before the group scale: their product can overflow where
+  // the product with the sum does not.
+  return scale_each ? sum : sum * code_scale * scale;
+}
+
 // y = x @ W^T with W (N, K) grouped along K, for up to `rows` rows of x per
-// threadgroup. Each simdgroup owns `outputs` rows of W; its lanes split K,
-// each reading 8 bytes of every owned row per step, and the partial dot
-// products meet in simd_sum.
+// threadgroup. Each simdgroup owns `outputs` rows of W. Lane l takes whole
+// groups of K (l, l + 32, ...), so it alone reads their scales: W and the
+// scales move once, x once per simdgroup, each lane scales once per group
+// and chunk, and the lanes' partial sums of an output meet in one simd_sum.
 template <typename T, int bits, int rows, int outputs>
 inline void fp_qmv_impl(
     Operands<T> op, uint2 tgid, ushort simdgroup, ushort lane) {
-  constexpr int codes_per_lane = kQmvBytesPerLane * 8 / bits;  // 16 or 8
-  constexpr int words_per_lane = kQmvBytesPerLane / 4;
-  constexpr int step = kSimdSize * codes_per_lane;
-  static_assert(rows <= kSimdSize, "lane r writes x row r");
+  constexpr int words = kQmvChunk * bits / 32;  // 2 or 4: one vector load
+  static_assert(rows * outputs <= kSimdSize, "one writing lane per output");
 
   const int M = op.M;
   const int N = op.N;
@@ -31,59 +72,49 @@ inline void fp_qmv_impl(
   const int valid_rows = min(rows, M - first_row);
   const int words_per_row = K * bits / 32;
   const int groups_per_row = K / group_size;
-  // Steps start at multiples of the group size, so groups are aligned runs
-  // of lanes; the first lane of each run reads the scale for all of them.
-  const int lanes_per_group = group_size / codes_per_lane;
-  const ushort group_leader = lane - lane % lanes_per_group;
   const device T* x_rows = op.x + int64_t(first_row) * K;
 
   float sums[rows][outputs] = {};
-  for (int k0 = 0; k0 < K; k0 += step) {
-    const int k = k0 + lane * codes_per_lane;
-    const bool lane_in_k = k < K;  // K is a multiple of 16: whole chunks
-
-    float weights[outputs][codes_per_lane];
+  for (int group = lane; group < groups_per_row; group += kSimdSize) {
+    float scales[outputs];
     for (int o = 0; o < outputs; ++o) {
       const int n = first_output + o;
-      const bool valid = lane_in_k && n < N;
-      const float scale = shared_group_scale(
-          op.scales,
-          int64_t(n) * groups_per_row + k / group_size,
-          valid,
-          lane,
-          group_leader);
-      uint32_t packed[words_per_lane] = {};
-      if (valid) {
-        load_words<words_per_lane>(
-            op.w + int64_t(n) * words_per_row + k * bits / 32, packed);
-      }
-      decode_scaled<bits, codes_per_lane>(packed, scale, weights[o]);
+      scales[o] = n < N ? op.scales[int64_t(n) * groups_per_row + group] : 0.0f;
     }
-
-    for (int r = 0; r < rows; ++r) {
-      if (r >= valid_rows || !lane_in_k) {
-        continue;
+    for (int k = group * group_size; k < (group + 1) * group_size;
+         k += kQmvChunk) {
+      half2 codes[outputs][kQmvChunk / 2];
+      for (int o = 0; o < outputs; ++o) {
+        const int n = first_output + o;
+        uint32_t packed[words] = {};
+        if (n < N) {
+          load_words<words>(
+              op.w + int64_t(n) * words_per_row + k * bits / 32, packed);
+        }
+        decode_pairs<bits, words>(packed, codes[o]);
       }
-      const device T* x_chunk = x_rows + int64_t(r) * K + k;
-      for (int i = 0; i < codes_per_lane; i += 4) {
-        float4 x4 = float4(*(const device vec<T, 4>*)(x_chunk + i));
+      for (int r = 0; r < valid_rows; ++r) {
+        float x_chunk[kQmvChunk];
+        const device T* source = x_rows + int64_t(r) * K + k;
+        for (int i = 0; i < kQmvChunk; i += 4) {
+          const float4 x4 = float4(*(const device vec<T, 4>*)(source + i));
+          for (int j = 0; j < 4; ++j) {
+            x_chunk[i + j] = x4[j];
+          }
+        }
         for (int o = 0; o < outputs; ++o) {
-          float4 w4 = float4(
-              weights[o][i],
-              weights[o][i + 1],
-              weights[o][i + 2],
-              weights[o][i + 3]);
-          sums[r][o] += dot(x4, w4);
+          sums[r][o] += scaled_dot<bits>(codes[o], x_chunk, scales[o]);
         }
       }
     }
   }
 
-  for (int r = 0; r < rows; ++r) {
+  // valid_rows is the same on every lane: the simd_sums are uniform.
+  for (int r = 0; r < valid_rows; ++r) {
     for (int o = 0; o < outputs; ++o) {
-      float total = simd_sum(sums[r][o]);
+      const float total = simd_sum(sums[r][o]);
       const int n = first_output + o;
-      if (lane == r && r < valid_rows && n < N) {
+      if (lane == r * outputs + o && n < N) {
         op.y[int64_t(first_row + r) * N + n] = static_cast<T>(total);
       }
     }

@@ -195,6 +195,18 @@ def test_shapes(M, N, K, kernel):
     check(x, w_q, scales, "mxfp4", kernel=kernel)
 
 
+@pytest.mark.parametrize("mode,K", [("mxfp4", 1088), ("nvfp4", 544), ("mxfp8", 1056)])
+@pytest.mark.parametrize("M", [1, 7, 12])
+def test_decode_lanes_wrap_past_32_groups(mode, K, M):
+    """The decode lanes take whole groups, lane l groups l, l + 32, ...: K of
+    33 or 34 groups wraps one or two lanes and leaves the rest one group;
+    N = 21 leaves a part-filled simdgroup of outputs."""
+    w_q, scales = quantized((21, K), mode)
+    x = mx.random.normal((M, K)).astype(mx.float16)
+    run = check(x, w_q, scales, mode, kernel="qmv")
+    assert traffic(run, "scales")["bytes_read"] == scales.nbytes
+
+
 @pytest.mark.parametrize("kernel", ["qmv", "mma"])
 @pytest.mark.parametrize("transpose", [True, False], ids=["x@W.T", "x@W"])
 def test_batched(kernel, transpose):

@@ -158,8 +158,8 @@ def test_bad_arguments():
 @pytest.mark.parametrize(
     "M,transpose,kernel,name,grid",
     [
-        (1, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (64, 1, 1)),
-        (8, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (64, 1, 1)),
+        (1, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (32, 1, 1)),
+        (8, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (32, 1, 1)),
         (9, True, "qmv", "fpqmm_qmv_bm32_e2m1_float16", (128, 1, 1)),
         (40, True, "qmv", "fpqmm_qmv_bm32_e2m1_float16", (128, 2, 1)),
         (2, False, "auto", "fpqmm_qvm_bm4_e2m1_float16", (1, 1, 1)),
