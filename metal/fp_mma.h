@@ -55,12 +55,17 @@ inline void store_fragment(
   }
 }
 
-// One BM x 32 tile of y at `tile` (column block, row block).
+// One BM x 32 tile of y at `tile` (column block, row block), summed over
+// k_begin <= k < k_end (a multiple of the group size and of 32, and K) and
+// stored to `y` (M x N) as U: op.y, or a split-K slice of float partials.
 // transpose: y = x @ W^T with W (N, K) grouped along K.
 // Otherwise: y = x @ W with W (K, N) grouped along N.
-template <typename T, int bits, int BM, bool transpose>
+template <typename T, int bits, int BM, bool transpose, typename U = T>
 inline void fp_qmm_impl(
     Operands<T> op,
+    device U* y,
+    int k_begin,
+    int k_end,
     threadgroup T* x_tile,
     threadgroup T* w_tile,
     uint2 tile,
@@ -112,7 +117,7 @@ inline void fp_qmm_impl(
     }
   }
 
-  for (int k0 = 0; k0 < K; k0 += BK) {
+  for (int k0 = k_begin; k0 < k_end; k0 += BK) {
     const int w_row0 = transpose ? col0 : k0;
     const int w_col0 = transpose ? k0 : col0;
     // With transpose a thread keeps its rows of W, so a group wider than the
@@ -158,7 +163,7 @@ inline void fp_qmm_impl(
     for (int j = 0; j < active_n; ++j) {
       store_fragment(
           acc[i][j],
-          op.y,
+          y,
           M,
           N,
           row0 + sg_row + 8 * i + position.y,
@@ -178,7 +183,66 @@ template <typename T, int bits, int BM, bool transpose>
     ushort lane [[thread_index_in_simdgroup]]) {
   const Operands<T> op = batch_operands<T>(FPQMM_BUFFER_NAMES, tgid.z);
   fp_qmm_impl<T, bits, BM, transpose>(
-      op, x_tile, w_tile, tgid.xy, thread_index, simdgroup, lane);
+      op,
+      op.y,
+      0,
+      op.K,
+      x_tile,
+      w_tile,
+      tgid.xy,
+      thread_index,
+      simdgroup,
+      lane);
+}
+
+// Split K (y = x @ W^T with few tiles): threadgroup z sums K from
+// z * split_k_step and stores its float partial tile in slice z of
+// `partials` (split x M x N); fp_split_k_sum adds the slices up.
+template <typename T, int bits, int BM>
+[[kernel]] void fp_qmm_split_k(
+    FPQMM_BUFFERS(T),
+    device float* partials [[buffer(FPQMM_BUFFER_PARTIALS)]],
+    constant int& split_k_step [[buffer(FPQMM_BUFFER_SPLIT_K_STEP)]],
+    threadgroup T* x_tile [[threadgroup(0)]],
+    threadgroup T* w_tile [[threadgroup(1)]],
+    uint3 tgid [[threadgroup_position_in_grid]],
+    ushort thread_index [[thread_index_in_threadgroup]],
+    ushort simdgroup [[simdgroup_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]]) {
+  const Operands<T> op = batch_operands<T>(FPQMM_BUFFER_NAMES, 0);
+  const int k_begin = int(tgid.z) * split_k_step;
+  fp_qmm_impl<T, bits, BM, true>(
+      op,
+      partials + int64_t(tgid.z) * M * N,
+      k_begin,
+      min(K, k_begin + split_k_step),
+      x_tile,
+      w_tile,
+      tgid.xy,
+      thread_index,
+      simdgroup,
+      lane);
+}
+
+// y = the sum of the `splits` slices of `partials`, cast to T: one output per
+// thread, the slices added in order.
+template <typename T>
+[[kernel]] void fp_split_k_sum(
+    const device float* partials [[buffer(FPQMM_BUFFER_PARTIALS)]],
+    device T* y [[buffer(FPQMM_BUFFER_Y)]],
+    constant int& M [[buffer(FPQMM_BUFFER_M)]],
+    constant int& N [[buffer(FPQMM_BUFFER_N)]],
+    constant int& splits [[buffer(FPQMM_BUFFER_SPLITS)]],
+    uint index [[thread_position_in_grid]]) {
+  const int64_t outputs = int64_t(M) * N;
+  if (index >= outputs) {
+    return;
+  }
+  float total = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    total += partials[s * outputs + index];
+  }
+  y[index] = static_cast<T>(total);
 }
 
 template <typename T, int bits, int BM, bool transpose>
@@ -193,7 +257,16 @@ template <typename T, int bits, int BM, bool transpose>
     ushort lane [[thread_index_in_simdgroup]]) {
   const Operands<T> op = gather_operands<T, bits>(FPQMM_GATHER_NAMES, tgid.z);
   fp_qmm_impl<T, bits, BM, transpose>(
-      op, x_tile, w_tile, tgid.xy, thread_index, simdgroup, lane);
+      op,
+      op.y,
+      0,
+      op.K,
+      x_tile,
+      w_tile,
+      tgid.xy,
+      thread_index,
+      simdgroup,
+      lane);
 }
 
 // The sorted gather kernel (mixture of experts, one row of x per pair with
@@ -216,8 +289,12 @@ template <typename T, int bits, int BM, bool transpose>
   const int rows_end = min(int(tgid.y + 1) * BM, x_matrices);
   for (int first = int(tgid.y) * BM; first < rows_end;) {
     const int end = expert_run_end(rhs_indices, first, rows_end);
+    const Operands<T> op = run_operands<T, bits>(FPQMM_RUN_NAMES, first, end);
     fp_qmm_impl<T, bits, BM, transpose>(
-        run_operands<T, bits>(FPQMM_RUN_NAMES, first, end),
+        op,
+        op.y,
+        0,
+        K,
         x_tile,
         w_tile,
         uint2(tgid.x, 0),

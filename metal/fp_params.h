@@ -33,6 +33,10 @@ namespace fpqmm {
 #define FPQMM_BUFFER_RHS_INDICES 14
 #define FPQMM_BUFFER_X_MATRICES 15
 #define FPQMM_BUFFER_W_MATRICES 16
+// Split K: float partial sums (split x M x N), K per split, number of splits.
+#define FPQMM_BUFFER_PARTIALS 17
+#define FPQMM_BUFFER_SPLIT_K_STEP 18
+#define FPQMM_BUFFER_SPLITS 19
 #define FPQMM_CONSTANT_GROUP_SIZE 100
 #define FPQMM_CONSTANT_SCALE_ENCODING 101
 #define FPQMM_CONSTANT_HAS_GLOBAL_SCALE 102
@@ -72,6 +76,12 @@ FPQMM_CONST int kMmaThreads = 4 * kSimdSize;
 constexpr int padded_row(int elements, int itemsize) {
   return elements + 16 / itemsize;
 }
+
+// Split K: a split covers at least this much of K, so each threadgroup still
+// runs several K blocks per tile load of its partial sums. fp_split_k_sum
+// runs kSplitKSumThreads threads per threadgroup, one output each.
+FPQMM_CONST int kSplitKMinStep = 128;
+FPQMM_CONST int kSplitKSumThreads = 256;
 
 // NAX kernels (metal/nax/): a BM x 64 output tile per threadgroup of 2 x 2
 // simdgroups, each running (16, 32, 16) matmul2d steps on a (BM / 2) x 32

@@ -5,6 +5,8 @@
 //   qvm_bm4            decode, y = x @ W
 //   mma_t_bm32, _bm64  simdgroup-matrix tiles, y = x @ W^T
 //   mma_n_bm32         simdgroup-matrix tiles, y = x @ W
+//   mma_t_split_k_bm32, _bm64  mma_t over a slice of K per grid z, float
+//                      partial sums; then fpqmm_split_k_sum_<type> adds them
 // codes: e2m1 (fp4 modes) or e4m3 (fp8 modes); type: float32, float16,
 // bfloat16. One file: the function constants of fp_common.h are defined once.
 #include "fp_mma.h"
@@ -30,9 +32,14 @@ namespace fpqmm {
   FPQMM_INSTANTIATE("fpqmm_gather_rhs_mma_t_bm32_" #codes "_" #type_name,                            \
                     fp_gather_rhs_qmm, T, bits, 32, true)                                            \
   FPQMM_INSTANTIATE("fpqmm_gather_rhs_mma_n_bm32_" #codes "_" #type_name,                            \
-                    fp_gather_rhs_qmm, T, bits, 32, false)
+                    fp_gather_rhs_qmm, T, bits, 32, false)                                           \
+  FPQMM_INSTANTIATE("fpqmm_mma_t_split_k_bm32_" #codes "_" #type_name, fp_qmm_split_k, T, bits, 32)  \
+  FPQMM_INSTANTIATE("fpqmm_mma_t_split_k_bm64_" #codes "_" #type_name, fp_qmm_split_k, T, bits, 64)
 
 FPQMM_FOR_TYPES_AND_CODES(FPQMM_INSTANTIATE_ALL)
+FPQMM_INSTANTIATE("fpqmm_split_k_sum_float32", fp_split_k_sum, float)
+FPQMM_INSTANTIATE("fpqmm_split_k_sum_float16", fp_split_k_sum, half)
+FPQMM_INSTANTIATE("fpqmm_split_k_sum_bfloat16", fp_split_k_sum, bfloat)
 // clang-format on
 
 }  // namespace fpqmm

@@ -106,7 +106,8 @@ def _build_library(name: str):
 
 @dataclass
 class MetalRun:
-    """One simulated call: its output, the plan it ran and the simulator's counters."""
+    """One simulated call: its output, the plan it ran and the simulator's counters
+    (with split K, both dispatches' added up; each one's under ``"dispatches"``)."""
 
     y: np.ndarray
     plan: dict[str, Any]
@@ -119,6 +120,38 @@ def _as_mlx(a):
 
 def _buffer(contents: bytes, dtype: mx.Dtype) -> np.ndarray:
     return np.frombuffer(contents, dtype=_NUMPY_TYPES[dtype]).copy()
+
+
+def _bind(bindings: dict[int, tuple[str, Any]], operands: dict[str, np.ndarray]) -> dict:
+    """A plan's buffer bindings as the simulator takes them."""
+    vectors = {"int32[]": np.int32, "int64[]": np.int64}
+    buffers: dict[int, Any] = {}
+    for index, (kind, value) in bindings.items():
+        if kind == "operand":
+            buffers[index] = operands[value]
+        elif kind == "int32":
+            buffers[index] = np.int32(value)
+        else:
+            buffers[index] = np.array(value, dtype=vectors[kind]).tobytes()
+    return buffers
+
+
+def _combined_counters(dispatches: list[dict[str, Any]]) -> dict[str, Any]:
+    """The counters of consecutive dispatches as one call's: counts added, and
+    per buffer slot (the dispatches of a plan bind an operand at the same slot)
+    the bytes added; each dispatch's own under ``"dispatches"``."""
+    combined: dict[str, Any] = {"buffers": {}, "dispatches": dispatches}
+    for counters in dispatches:
+        for key, value in counters.items():
+            if key == "buffers":
+                for index, counted in value.items():
+                    slot = combined["buffers"].setdefault(index, dict.fromkeys(counted, 0))
+                    for field, amount in counted.items():
+                        combine = max if field == "size" else sum
+                        slot[field] = combine((slot[field], amount))
+            elif isinstance(value, (int, float)):
+                combined[key] = combined.get(key, 0) + value
+    return combined
 
 
 def run_metal(
@@ -182,20 +215,14 @@ def run_metal(
             name: _buffer(data, operand_types[name]) for name, data in plan["operands"].items()
         }
         operands["y"] = y
-        vectors = {"int32[]": np.int32, "int64[]": np.int64}
-        buffers: dict[int, Any] = {}
-        for index, (kind, value) in plan["buffers"].items():
-            if kind == "operand":
-                buffers[index] = operands[value]
-            elif kind == "int32":
-                buffers[index] = np.int32(value)
-            else:
-                buffers[index] = np.array(value, dtype=vectors[kind]).tobytes()
+        if plan["reduction"] is not None:
+            # Split K's float32 partial sums, NaN until the kernel writes them.
+            operands["partials"] = np.full(plan["partials_elements"], np.nan, np.float32)
         counters = (
             library(plan["library"])
             .dispatch(
                 plan["kernel"],
-                buffers=buffers,
+                buffers=_bind(plan["buffers"], operands),
                 grid=plan["grid"],
                 threadgroup=plan["threadgroup"],
                 threadgroup_memory=plan["threadgroup_memory"],
@@ -203,6 +230,19 @@ def run_metal(
             )
             .counters
         )
+        if plan["reduction"] is not None:
+            reduction = plan["reduction"]
+            sum_counters = (
+                library(reduction["library"])
+                .dispatch(
+                    reduction["kernel"],
+                    buffers=_bind(reduction["buffers"], operands),
+                    grid=reduction["grid"],
+                    threadgroup=reduction["threadgroup"],
+                )
+                .counters
+            )
+            counters = _combined_counters([counters, sum_counters])
     y = y.reshape(output_shape)
     if x.dtype == mx.bfloat16:
         y = np.array(mx.array(y).view(mx.bfloat16).astype(mx.float32))

@@ -31,20 +31,27 @@ FAMILIES = {
     "mma_t_bm32": (True, "mma", 20),
     "mma_t_bm64": (True, "mma", 40),
     "mma_n_bm32": (False, "mma", 20),
+    "mma_t_split_k_bm32": (True, "mma", 20),
+    "mma_t_split_k_bm64": (True, "mma", 40),
     "nax_t_bm32": (True, "nax", 20),
     "nax_t_bm64": (True, "nax", 40),
+    "nax_t_split_k_bm32": (True, "nax", 20),
+    "nax_t_split_k_bm64": (True, "nax", 40),
 }
 NAX_DEVICE = "applegpu_g17s"
 # Every family also has a gather (mixture-of-experts) variant; the MMA tiles a
 # sorted-runs one too (tests/test_metal_gather.py runs those).
 SORTED_RUN_FAMILIES = ("rhs_mma_t_bm32", "rhs_mma_n_bm32", "rhs_nax_t_bm32")
+# Split K runs on one matrix only (no gather variant), its sum per x type.
+GATHER_FAMILIES = [family for family in FAMILIES if "split_k" not in family]
+SPLIT_K_SUMS = [f"fpqmm_split_k_sum_{type_name}" for type_name in TYPES]
 EXPECTED_KERNELS = [
     f"fpqmm_{variant}{family}_{codes}_{type_name}"
-    for variant, families in (("", FAMILIES), ("gather_", (*FAMILIES, *SORTED_RUN_FAMILIES)))
+    for variant, families in (("", FAMILIES), ("gather_", (*GATHER_FAMILIES, *SORTED_RUN_FAMILIES)))
     for family in families
     for codes in MODE_OF_CODES
     for type_name in TYPES
-]
+] + SPLIT_K_SUMS
 
 
 def quantized(shape, mode, group_size=None, dtype=mx.float32):
@@ -97,14 +104,19 @@ def test_metal_language_check_covers_the_kernels(tmp_path):
         Library([tmp_path / "metal" / "fp_qmm.metal"], include_dirs=[tmp_path / "metal"])
 
 
-@pytest.mark.parametrize("host_name", [k for k in EXPECTED_KERNELS if "gather" not in k])
+@pytest.mark.parametrize(
+    "host_name", [k for k in EXPECTED_KERNELS if "gather" not in k and k not in SPLIT_K_SUMS]
+)
 def test_every_kernel_runs(host_name):
     family, codes, type_name = host_name.removeprefix("fpqmm_").rsplit("_", 2)
     transpose, kernel, M = FAMILIES[family]
     mode, group_size = (NAX_MODE_OF_CODES if kernel == "nax" else MODE_OF_CODES)[codes]
     # N and K tails against every tile width (K % 32 == 16 where K is grouped
-    # by 16).
+    # by 16); split K needs K of at least two splits (three here, the last
+    # one short).
     N, K = (40, 5 * group_size) if transpose else (48, 37)
+    if "split_k" in family:
+        K = 25 * group_size if group_size == 16 else 13 * group_size
     w_q, scales = quantized((N, K) if transpose else (K, N), mode, group_size)
     x = mx.random.normal((M, K)).astype(TYPES[type_name])
     device = NAX_DEVICE if kernel == "nax" else "applegpu_g16s"
@@ -120,6 +132,9 @@ def test_every_kernel_runs(host_name):
         device=device,
     )
     assert run.plan["kernel"] == host_name
+    if "split_k" in family:
+        assert run.plan["split_k"] == 3
+        assert run.plan["reduction"]["kernel"] == f"fpqmm_split_k_sum_{type_name}"
 
 
 @pytest.mark.parametrize(
@@ -303,19 +318,56 @@ def test_decode_reads_weights_and_scales_once(mode, M, transpose):
 
 
 @pytest.mark.parametrize("M,block_m", [(20, 32), (100, 64)])
-def test_mma_traffic_follows_the_tiling(M, block_m):
-    N, K = 96, 256
+@pytest.mark.parametrize("K,splits", [(256, 2), (128, 1)])
+def test_mma_traffic_follows_the_tiling(M, block_m, K, splits):
+    """W moves once per row tile and x once per column tile, split K or not
+    (K = 128 is too short to split); split K adds its float32 partial sums,
+    once each way."""
+    N = 96
     w_q, scales = quantized((N, K), "mxfp4")
     x = mx.random.normal((M, K)).astype(mx.float16)
     run = check(x, w_q, scales, "mxfp4", kernel="mma")
-    assert run.plan["kernel"].startswith(f"fpqmm_mma_t_bm{block_m}")
+    assert run.plan["block_m"] == block_m and run.plan["split_k"] == splits
     m_tiles, n_tiles = math.ceil(M / block_m), math.ceil(N / 32)
     assert traffic(run, "w")["bytes_read"] == w_q.nbytes * m_tiles
     assert traffic(run, "scales")["bytes_read"] == scales.nbytes * m_tiles
     assert traffic(run, "x")["bytes_read"] == x.nbytes * n_tiles
     assert traffic(run, "y")["bytes_written"] == M * N * x.itemsize
+    if splits > 1:
+        partials = traffic(run, "partials")
+        assert partials["bytes_written"] == partials["unique_bytes_written"] == splits * M * N * 4
+        assert partials["bytes_read"] == splits * M * N * 4
     # 8x8x8 products: one per (8-row, 8-column, 8-deep) block of valid output.
     assert run.counters["simdgroup_matrix_ops"] == math.ceil(M / 8) * (N // 8) * (K // 8)
+
+
+@pytest.mark.parametrize(
+    "mode,group_size,K,scale_dtype",
+    [
+        ("mxfp4", None, 1056, None),  # 33 groups over 4 splits of 288
+        ("nvfp4", None, 544, None),  # 4 splits of 160, the last 64
+        ("mxfp8", None, 672, None),
+        ("fp4", 128, 640, mx.bfloat16),  # splits of whole 128-groups
+        ("fp8", 16, 400, mx.float16),  # the last split ends inside a K block
+    ],
+)
+@pytest.mark.parametrize("dtype", TYPES.values(), ids=TYPES.keys())
+def test_split_k_sums_every_slice(mode, group_size, K, scale_dtype, dtype):
+    """Split K against the reference: every split's K slice lands in its own
+    partial sums and each is added once (a wrong slice offset, a skipped or
+    doubled split, a tail past K all show)."""
+    w_q, scales = quantized((72, K), mode, group_size, dtype=scale_dtype or mx.float32)
+    x = mx.random.normal((40, K)).astype(dtype)
+    run = check(x, w_q, scales, mode, group_size=group_size, kernel="mma")
+    assert run.plan["split_k"] > 2
+    assert run.plan["kernel"].startswith("fpqmm_mma_t_split_k_bm64_")
+
+
+def test_split_k_global_scale():
+    w_q, scales = quantized((64, 512), "nvfp4")
+    x = mx.random.normal((64, 512)).astype(mx.float16)
+    run = check(x, w_q, scales, "nvfp4", global_scale=mx.array(3.5), kernel="mma")
+    assert run.plan["split_k"] > 1
 
 
 def test_traffic_report():

@@ -54,7 +54,9 @@ def test_shapes(M, N, K, block_m, mode):
     w_q, scales = quantized((N, K), mode)
     x = mx.random.normal((M, K)).astype(mx.float16)
     run = check_nax(x, w_q, scales, mode)
-    assert run.plan["kernel"] == f"fpqmm_nax_t_bm{block_m}_e2m1_float16"
+    assert run.plan["block_m"] == block_m
+    split = "split_k_" if run.plan["split_k"] > 1 else ""
+    assert run.plan["kernel"] == f"fpqmm_nax_t_{split}bm{block_m}_e2m1_float16"
 
 
 @pytest.mark.parametrize("mode", ["fp4", "fp8"])
@@ -109,12 +111,18 @@ def test_float32_needs_tf32(monkeypatch):
 
 
 @pytest.mark.parametrize("M,N,block_m", [(20, 96, 32), (100, 160, 64)])
-def test_traffic_follows_the_tiling(M, N, block_m):
-    K = 256
+@pytest.mark.parametrize("K,splits", [(256, 2), (128, 1)])
+def test_traffic_follows_the_tiling(M, N, block_m, K, splits):
+    """As the MMA tiles (tests/test_metal_kernels.py): split K or not, W and x
+    move once per tile, the partial sums once each way."""
     w_q, scales = quantized((N, K), "mxfp4")
     x = mx.random.normal((M, K)).astype(mx.float16)
     run = check_nax(x, w_q, scales, "mxfp4")
-    assert run.plan["kernel"].startswith(f"fpqmm_nax_t_bm{block_m}")
+    assert run.plan["block_m"] == block_m and run.plan["split_k"] == splits
+    if splits > 1:
+        partials = traffic(run, "partials")
+        assert partials["bytes_written"] == partials["unique_bytes_written"] == splits * M * N * 4
+        assert partials["bytes_read"] == splits * M * N * 4
     m_tiles, n_tiles = math.ceil(M / block_m), math.ceil(N / 64)
     assert traffic(run, "w")["bytes_read"] == w_q.nbytes * m_tiles
     assert traffic(run, "scales")["bytes_read"] == scales.nbytes * m_tiles

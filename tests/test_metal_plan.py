@@ -83,7 +83,7 @@ def test_nax_needs_built_kernels_and_transpose_but_no_k_multiple_of_64():
 def test_float32_takes_nax_only_with_tf32(monkeypatch):
     args = dict(device="applegpu_g17s", macos="26.2")
     plan = mlx_fpqmm.kernel_path(*problem(64, dtype=mx.float32), **args)
-    assert plan["path"] == "nax" and plan["kernel"] == "fpqmm_nax_t_bm64_e2m1_float32"
+    assert plan["path"] == "nax" and plan["kernel"] == "fpqmm_nax_t_split_k_bm64_e2m1_float32"
     monkeypatch.setenv("MLX_ENABLE_TF32", "0")
     plan = mlx_fpqmm.kernel_path(*problem(64, dtype=mx.float32), **args)
     assert plan["path"] == "mma" and "MLX_ENABLE_TF32=0" in plan["note"]
@@ -99,7 +99,7 @@ def test_kernel_path_assumes_a_nax_build_off_macos():
         assert "no NAX kernels" in plan["note"]
     else:
         assert plan["path"] == "nax" and plan["library"] == "mlx_fpqmm_nax"
-        assert plan["kernel"] == "fpqmm_nax_t_bm64_e2m1_float16"
+        assert plan["kernel"] == "fpqmm_nax_t_split_k_bm64_e2m1_float16"
 
 
 @pytest.mark.parametrize("kernel", ["qmv", "mma"])
@@ -129,7 +129,9 @@ def test_forced_nax_errors_where_it_cannot_run(monkeypatch, device, macos, trans
 
 
 def test_forced_nax_runs_below_the_decode_limit():
-    plan = mlx_fpqmm.kernel_path(*problem(1), device="applegpu_g18p", macos="26.2", kernel="nax")
+    plan = mlx_fpqmm.kernel_path(
+        *problem(1, K=128), device="applegpu_g18p", macos="26.2", kernel="nax"
+    )
     assert plan["path"] == "nax" and plan["kernel"] == "fpqmm_nax_t_bm32_e2m1_float16"
 
 
@@ -155,27 +157,30 @@ def test_bad_arguments():
         mlx_fpqmm.kernel_path(x, w_q, scales[:, :1], device="applegpu_g16s")
 
 
+# N = 256 and K as given (K = 256: two splits of K at most, 128 none).
 @pytest.mark.parametrize(
-    "M,transpose,kernel,name,grid",
+    "M,transpose,kernel,name,grid,K",
     [
-        (1, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (32, 1, 1)),
-        (8, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (32, 1, 1)),
-        (9, True, "qmv", "fpqmm_qmv_bm32_e2m1_float16", (128, 1, 1)),
-        (40, True, "qmv", "fpqmm_qmv_bm32_e2m1_float16", (128, 2, 1)),
-        (2, False, "auto", "fpqmm_qvm_bm4_e2m1_float16", (1, 1, 1)),
-        (20, True, "mma", "fpqmm_mma_t_bm32_e2m1_float16", (8, 1, 1)),
-        (33, True, "mma", "fpqmm_mma_t_bm64_e2m1_float16", (8, 1, 1)),
-        (200, True, "mma", "fpqmm_mma_t_bm64_e2m1_float16", (8, 4, 1)),
-        (200, False, "mma", "fpqmm_mma_n_bm32_e2m1_float16", (8, 7, 1)),
-        (20, True, "nax", "fpqmm_nax_t_bm32_e2m1_float16", (4, 1, 1)),
-        (33, True, "nax", "fpqmm_nax_t_bm64_e2m1_float16", (4, 1, 1)),
-        (200, True, "auto", "fpqmm_nax_t_bm64_e2m1_float16", (4, 4, 1)),
+        (1, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (32, 1, 1), 256),
+        (8, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (32, 1, 1), 256),
+        (9, True, "qmv", "fpqmm_qmv_bm32_e2m1_float16", (128, 1, 1), 256),
+        (40, True, "qmv", "fpqmm_qmv_bm32_e2m1_float16", (128, 2, 1), 256),
+        (2, False, "auto", "fpqmm_qvm_bm4_e2m1_float16", (1, 1, 1), 256),
+        (20, True, "mma", "fpqmm_mma_t_split_k_bm32_e2m1_float16", (8, 1, 2), 256),
+        (33, True, "mma", "fpqmm_mma_t_split_k_bm64_e2m1_float16", (8, 1, 2), 256),
+        (200, True, "mma", "fpqmm_mma_t_split_k_bm64_e2m1_float16", (8, 4, 2), 256),
+        (200, True, "mma", "fpqmm_mma_t_bm64_e2m1_float16", (8, 4, 1), 128),
+        (200, False, "mma", "fpqmm_mma_n_bm32_e2m1_float16", (8, 7, 1), 256),
+        (20, True, "nax", "fpqmm_nax_t_split_k_bm32_e2m1_float16", (4, 1, 2), 256),
+        (20, True, "nax", "fpqmm_nax_t_bm32_e2m1_float16", (4, 1, 1), 128),
+        (33, True, "nax", "fpqmm_nax_t_split_k_bm64_e2m1_float16", (4, 1, 2), 256),
+        (200, True, "auto", "fpqmm_nax_t_split_k_bm64_e2m1_float16", (4, 4, 2), 256),
     ],
 )
-def test_kernel_and_grid(M, transpose, kernel, name, grid):
+def test_kernel_and_grid(M, transpose, kernel, name, grid, K):
     device = "applegpu_g17s" if "nax" in name else "applegpu_g16s"
     plan = mlx_fpqmm.kernel_path(
-        *problem(M, transpose=transpose),
+        *problem(M, K=K, transpose=transpose),
         transpose=transpose,
         device=device,
         macos="26.2",
@@ -184,6 +189,57 @@ def test_kernel_and_grid(M, transpose, kernel, name, grid):
     assert plan["kernel"] == name
     assert plan["grid"] == grid
     assert plan["library"] == ("mlx_fpqmm_nax" if "nax" in name else "mlx_fpqmm")
+
+
+@pytest.mark.parametrize(
+    "device,M,N,K,group_size,splits",
+    [
+        # 16 tiles against 2 x 40 cores: 5 wanted, 4 fit K = 512 (128 each).
+        ("applegpu_g16s", 64, 512, 512, 32, 4),
+        # 2 x 16 cores of the largest base/Pro M1: 2 splits of 256.
+        ("applegpu_g13g", 64, 512, 512, 32, 2),
+        ("applegpu_g13d", 64, 512, 4096, 32, 8),
+        # Group size 128: splits are whole groups (3 of 128, 128 and 128).
+        ("applegpu_g16s", 64, 512, 384, 128, 3),
+        # K = 1008 over 5: steps of 224 (a multiple of 32), the last 112.
+        ("applegpu_g16s", 64, 512, 1008, 16, 5),
+        # Enough tiles (8 x 16 = 128 >= 80), or K too short to split.
+        ("applegpu_g16s", 512, 1024, 4096, 32, 1),
+        ("applegpu_g16s", 64, 512, 224, 32, 1),
+    ],
+)
+def test_split_k_fills_the_cores(device, M, N, K, group_size, splits):
+    mode = "mxfp4" if group_size == 32 else "fp4"
+    w_q, scales = mlx_fpqmm.quantize(mx.zeros((N, K)), group_size, mode=mode)
+    x = mx.zeros((M, K), dtype=mx.float16)
+    plan = mlx_fpqmm.kernel_path(
+        x, w_q, scales, group_size=group_size, mode=mode, device=device, kernel="mma"
+    )
+    assert plan["split_k"] == splits
+    assert plan["grid"][2] == splits
+    if splits == 1:
+        assert "split_k" not in plan["kernel"] and plan["reduction"] is None
+        return
+    assert plan["kernel"] == "fpqmm_mma_t_split_k_bm64_e2m1_float16"
+    assert f"split_k={splits}" in plan["note"]
+    assert plan["partials_elements"] == splits * M * N
+    step = dict((index, value) for index, (kind, value) in plan["buffers"].items())[18]
+    assert (splits - 1) * step < K <= splits * step
+    assert step % max(32, group_size) == 0
+    reduction = plan["reduction"]
+    assert reduction["kernel"] == "fpqmm_split_k_sum_float16"
+    assert reduction["buffers"][19] == ("int32", splits)
+
+
+def test_split_k_only_for_one_transposed_matrix():
+    for transpose, batch in ((False, ()), (True, (2,))):
+        plan = mlx_fpqmm.kernel_path(
+            *problem(64, 512, 512, transpose=transpose, batch=batch),
+            transpose=transpose,
+            device="applegpu_g16s",
+            kernel="mma",
+        )
+        assert plan["split_k"] == 1 and plan["reduction"] is None
 
 
 def test_threadgroup_memory_fits_and_is_aligned():

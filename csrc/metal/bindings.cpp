@@ -163,6 +163,25 @@ nb::dict plan_dict(const KernelPlan& plan) {
     buffers[nb::int_(binding.index)] = binding_value(binding);
   }
   result["buffers"] = buffers;
+  result["split_k"] = plan.split_k;
+  result["partials_elements"] = plan.partials_elements;
+  if (plan.reduction) {
+    const auto& sum = *plan.reduction;
+    nb::dict reduction;
+    reduction["library"] = sum.library;
+    reduction["kernel"] = sum.kernel;
+    reduction["grid"] = nb::make_tuple(sum.grid[0], sum.grid[1], sum.grid[2]);
+    reduction["threadgroup"] = nb::make_tuple(
+        sum.threadgroup[0], sum.threadgroup[1], sum.threadgroup[2]);
+    nb::dict sum_buffers;
+    for (const auto& binding : sum.buffers) {
+      sum_buffers[nb::int_(binding.index)] = binding_value(binding);
+    }
+    reduction["buffers"] = sum_buffers;
+    result["reduction"] = reduction;
+  } else {
+    result["reduction"] = nb::none();
+  }
   return result;
 }
 
@@ -375,7 +394,9 @@ void register_metal_bindings(nb::module_& m) {
             ``library`` (the metallib), ``kernel`` (the host name), ``grid``,
             ``threadgroup``, ``block_m`` and ``block_n`` (the tile; 0 for
             the decode kernels), ``threadgroup_memory``, ``constants`` and
-            ``buffers``.
+            ``buffers``; ``split_k`` (1, or the number of K slices whose
+            float32 partial sums, ``partials_elements`` in all, the
+            ``reduction`` dispatch adds into the output; else ``None``).
       )pbdoc");
 
   m.def(

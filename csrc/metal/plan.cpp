@@ -100,6 +100,57 @@ void plan_nax(const QmmProblem& p, KernelPlan& plan) {
       threadgroup_buffer(0, x_tile), threadgroup_buffer(1, w_tile)};
 }
 
+// Split K where the MMA or NAX tiles alone would leave most of the GPU idle:
+// fewer threadgroups than twice the cores of the largest part of the
+// device's class (two per core hide each other's barriers and loads). Each
+// split covers a multiple of the K block and of the group size, at least
+// kSplitKMinStep; W and x still move once per tile, the partial sums add
+// 2 x 4 bytes per output and split (written, read back), so the split stays
+// the smallest that reaches the target. As MLX: transpose only, one matrix.
+void plan_split_k(
+    const QmmProblem& p, const GpuDevice& device, KernelPlan& plan) {
+  if (!p.transpose || p.gather || p.batch_count() != 1) {
+    return;
+  }
+  int tiles = plan.grid[0] * plan.grid[1];
+  int target = 2 * gpu_core_range(device).most;
+  bool nax = plan.path == KernelPath::nax;
+  int step_multiple =
+      std::max(nax ? fpqmm::kNaxBlockK : fpqmm::kMmaBlockK, p.group_size);
+  int max_splits = p.K / round_up(fpqmm::kSplitKMinStep, step_multiple);
+  int wanted = std::min(ceil_div(target, tiles), max_splits);
+  if (tiles >= target || wanted < 2) {
+    return;
+  }
+  int step = round_up(ceil_div(p.K, wanted), step_multiple);
+  int splits = ceil_div(p.K, step);
+  if (splits < 2) {
+    return;
+  }
+  plan.kernel =
+      kernel_name(nax ? "nax_t_split_k" : "mma_t_split_k", plan.block_m, p);
+  plan.grid[2] = splits;
+  plan.split_k = splits;
+  plan.partials_elements = int64_t(splits) * p.M * p.N;
+  plan.note += "; split_k=" + std::to_string(splits) + ": " +
+               std::to_string(tiles) + " tiles for about " +
+               std::to_string(target) + " threadgroups (2 per core)";
+  plan.buffers.push_back({FPQMM_BUFFER_PARTIALS, Operand::partials});
+  plan.buffers.push_back({FPQMM_BUFFER_SPLIT_K_STEP, int32_t(step)});
+  FollowUpDispatch sum;
+  sum.library = kBaseLibrary;
+  sum.kernel = "fpqmm_split_k_sum_" + std::string(type_name(p.x_type));
+  sum.grid = {ceil_div(int64_t(p.M) * p.N, fpqmm::kSplitKSumThreads), 1, 1};
+  sum.threadgroup = {fpqmm::kSplitKSumThreads, 1, 1};
+  sum.buffers = {
+      {FPQMM_BUFFER_PARTIALS, Operand::partials},
+      {FPQMM_BUFFER_Y, Operand::y},
+      {FPQMM_BUFFER_M, int32_t(p.M)},
+      {FPQMM_BUFFER_N, int32_t(p.N)},
+      {FPQMM_BUFFER_SPLITS, int32_t(splits)}};
+  plan.reduction = std::move(sum);
+}
+
 // The sorted-runs gather kernels: the pairs are the rows of x (one each),
 // 32 rows per threadgroup, one MMA or NAX tile per run of equal experts.
 void plan_sorted_runs(const QmmProblem& p, KernelPlan& plan) {
@@ -110,7 +161,9 @@ void plan_sorted_runs(const QmmProblem& p, KernelPlan& plan) {
   }
   bool nax = plan.path == KernelPath::nax;
   plan.kernel = kernel_name(
-      nax ? "rhs_nax_t" : p.transpose ? "rhs_mma_t" : "rhs_mma_n",
+      nax           ? "rhs_nax_t"
+      : p.transpose ? "rhs_mma_t"
+                    : "rhs_mma_n",
       plan.block_m,
       p);
   plan.grid = {
@@ -240,6 +293,41 @@ bool uses_sorted_runs(const QmmProblem& problem, KernelRequest request) {
   return problem.gather && problem.right_sorted && problem.M == 1 &&
          pairs >= 16 && pairs >= 4 * int64_t(problem.w_matrices) &&
          problem.x_matrices == pairs && request != KernelRequest::qmv;
+}
+
+CoreRange gpu_core_range(const GpuDevice& device) {
+  // Apple's published GPU core counts (apple.com tech specs), fewest to
+  // most per generation and MLX's size classes: 'g' base and Pro chips,
+  // 's' Max, 'd' Ultra, 'p' the iPhone/iPad A-series (4 to 6 cores).
+  //   g13 M1 7-8, M1 Pro 14-16, M1 Max 24-32, M1 Ultra 48-64
+  //   g14 M2 8-10, M2 Pro 16-19, M2 Max 30-38, M2 Ultra 60-76
+  //   g15 M3 8-10, M3 Pro 14-18, M3 Max 30-40, M3 Ultra 60-80
+  //   g16 M4 8-10, M4 Pro 16-20, M4 Max 32-40 (no M4 Ultra: twice the Max)
+  //   g17 M5 10; its larger parts and later generations take M4's counts.
+  struct Row {
+    int generation;
+    CoreRange base, max, ultra, phone;
+  };
+  constexpr std::array<Row, 5> kCores = {{
+      {13, {7, 16}, {24, 32}, {48, 64}, {4, 4}},
+      {14, {8, 19}, {30, 38}, {60, 76}, {4, 5}},
+      {15, {8, 18}, {30, 40}, {60, 80}, {5, 5}},
+      {16, {8, 20}, {32, 40}, {64, 80}, {5, 6}},
+      {17, {10, 20}, {32, 40}, {64, 80}, {5, 6}},
+  }};
+  int generation = std::clamp(
+      device.generation(), kCores.front().generation, kCores.back().generation);
+  const Row& row = kCores[generation - kCores.front().generation];
+  switch (device.size_class()) {
+    case 's':
+      return row.max;
+    case 'd':
+      return row.ultra;
+    case 'p':
+      return row.phone;
+    default:
+      return row.base;
+  }
 }
 
 int decode_row_limit(const QmmProblem& problem, const GpuDevice& device) {
@@ -372,14 +460,16 @@ KernelPlan plan(
     plan_sorted_runs(problem, plan);
   } else if (choice.path == KernelPath::nax) {
     plan_nax(problem, plan);
+    plan_split_k(problem, device, plan);
   } else if (choice.path == KernelPath::mma) {
     plan_mma(problem, plan);
+    plan_split_k(problem, device, plan);
   } else if (problem.transpose) {
     plan_qmv(problem, plan);
   } else {
     plan_qvm(problem, plan);
   }
-  if (!sorted_runs) {
+  if (!sorted_runs && plan.split_k == 1) {
     plan.grid[2] = static_cast<int>(problem.batch_count());
   }
   int threadgroup_bytes = 0;

@@ -74,6 +74,13 @@ struct QmmProblem {
 // expert, x matrix = pair), unless the decode kernels are requested.
 bool uses_sorted_runs(const QmmProblem& problem, KernelRequest request);
 
+// The published GPU core counts of the parts of a generation and size class
+// (a range: a class covers several chips and their binned variants).
+struct CoreRange {
+  int fewest, most;
+};
+CoreRange gpu_core_range(const GpuDevice& device);
+
 // Below this many rows of x the decode (matrix-vector) kernels beat the MMA
 // kernels; MLX's table for transpose=True, by GPU generation and size class.
 int decode_row_limit(const QmmProblem& problem, const GpuDevice& device);
@@ -104,10 +111,28 @@ PathChoice choose_path(
 inline constexpr std::string_view kBaseLibrary = "mlx_fpqmm";
 inline constexpr std::string_view kNaxLibrary = "mlx_fpqmm_nax";
 
-enum class Operand { w, scales, global_scale, x, y, lhs_indices, rhs_indices };
+// `partials` is no input: a float32 scratch array of
+// KernelPlan::partials_elements that eval_gpu allocates for split K.
+enum class Operand {
+  w,
+  scales,
+  global_scale,
+  x,
+  y,
+  lhs_indices,
+  rhs_indices,
+  partials
+};
 
-inline constexpr std::array<std::string_view, 7> kOperandNames = {
-    "w", "scales", "global_scale", "x", "y", "lhs_indices", "rhs_indices"};
+inline constexpr std::array<std::string_view, 8> kOperandNames = {
+    "w",
+    "scales",
+    "global_scale",
+    "x",
+    "y",
+    "lhs_indices",
+    "rhs_indices",
+    "partials"};
 
 struct BufferBinding {
   int index;
@@ -118,6 +143,16 @@ struct BufferBinding {
 struct FunctionConstant {
   int index;
   std::variant<bool, int32_t> value;
+};
+
+// A dispatch after the main one (split K's sum of the partials): no
+// threadgroup memory, no function constants.
+struct FollowUpDispatch {
+  std::string library;  // kBaseLibrary
+  std::string kernel;
+  std::array<int, 3> grid;         // threadgroups
+  std::array<int, 3> threadgroup;  // threads
+  std::vector<BufferBinding> buffers;
 };
 
 struct KernelPlan {
@@ -136,6 +171,12 @@ struct KernelPlan {
   std::vector<std::pair<int, int>> threadgroup_memory;  // index, bytes
   std::vector<FunctionConstant> constants;
   std::vector<BufferBinding> buffers;
+  // Split K: the main dispatch writes split_k float32 slices of partial sums
+  // (Operand::partials, partials_elements in all) and `reduction` adds them
+  // into y. split_k 1: the main dispatch writes y, no reduction.
+  int split_k = 1;
+  int64_t partials_elements = 0;
+  std::optional<FollowUpDispatch> reduction;
 
   // The kernel name with its function-constant values: the pipeline cache key.
   std::string pipeline_name() const;

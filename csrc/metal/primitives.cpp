@@ -9,6 +9,7 @@
 
 #if defined(_METAL_) && !defined(MLX_FPQMM_NO_METAL_KERNELS)
 
+#include <array>
 #include <string>
 #include <variant>
 #include <vector>
@@ -28,8 +29,43 @@ metal::GpuDevice gpu_device(mx::metal::Device& d) {
   return {d.get_architecture(), macos.first, macos.second};
 }
 
+// Binds `buffers` (operand `written` as the output, the other operands from
+// `array_for`) and dispatches the encoder's pipeline.
+template <typename ArrayFor>
+void bind_and_dispatch(
+    mx::metal::CommandEncoder& encoder,
+    const std::vector<metal::BufferBinding>& buffers,
+    const std::array<int, 3>& grid,
+    const std::array<int, 3>& threadgroup,
+    mx::array& written_array,
+    metal::Operand written,
+    ArrayFor&& array_for) {
+  for (const auto& binding : buffers) {
+    std::visit(
+        [&](const auto& value) {
+          using V = std::decay_t<decltype(value)>;
+          if constexpr (std::is_same_v<V, metal::Operand>) {
+            if (value == written) {
+              encoder.set_output_array(written_array, binding.index);
+            } else {
+              encoder.set_input_array(array_for(value), binding.index);
+            }
+          } else if constexpr (std::is_same_v<V, int32_t>) {
+            encoder.set_bytes(value, binding.index);
+          } else {
+            encoder.set_vector_bytes(value, binding.index);
+          }
+        },
+        binding.value);
+  }
+  encoder.dispatch_threadgroups(
+      MTL::Size(grid[0], grid[1], grid[2]),
+      MTL::Size(threadgroup[0], threadgroup[1], threadgroup[2]));
+}
+
 // Carries out `plan` on stream `s`: `input_for` gives the array an operand
-// binds.
+// binds. With split K, the main dispatch writes float32 partial sums to a
+// temporary and the reduction adds them into `out`.
 template <typename InputFor>
 void run_plan(
     const metal::KernelPlan& plan,
@@ -51,31 +87,55 @@ void run_plan(
       d.get_kernel(plan.kernel, library, plan.pipeline_name(), constants);
 
   auto& encoder = mx::metal::get_command_encoder(s);
+  // Split K's float32 partial sums (no data without a reduction).
+  mx::array partials(
+      {plan.reduction ? static_cast<int>(plan.partials_elements) : 0},
+      mx::float32,
+      nullptr,
+      {});
+  // Arrays are handles: returning one by value copies no data.
+  auto array_for = [&](metal::Operand o) -> mx::array {
+    if (o == metal::Operand::partials) {
+      return partials;
+    }
+    return o == metal::Operand::y ? out : input_for(o);
+  };
   encoder.set_compute_pipeline_state(kernel);
-  for (const auto& binding : plan.buffers) {
-    std::visit(
-        [&](const auto& value) {
-          using V = std::decay_t<decltype(value)>;
-          if constexpr (std::is_same_v<V, metal::Operand>) {
-            if (value == metal::Operand::y) {
-              encoder.set_output_array(out, binding.index);
-            } else {
-              encoder.set_input_array(input_for(value), binding.index);
-            }
-          } else if constexpr (std::is_same_v<V, int32_t>) {
-            encoder.set_bytes(value, binding.index);
-          } else {
-            encoder.set_vector_bytes(value, binding.index);
-          }
-        },
-        binding.value);
-  }
   for (auto [index, bytes] : plan.threadgroup_memory) {
     encoder.set_threadgroup_memory_length(bytes, index);
   }
-  encoder.dispatch_threadgroups(
-      MTL::Size(plan.grid[0], plan.grid[1], plan.grid[2]),
-      MTL::Size(plan.threadgroup[0], plan.threadgroup[1], plan.threadgroup[2]));
+  if (!plan.reduction) {
+    bind_and_dispatch(
+        encoder,
+        plan.buffers,
+        plan.grid,
+        plan.threadgroup,
+        out,
+        metal::Operand::y,
+        array_for);
+    return;
+  }
+  partials.set_data(mx::allocator::malloc(partials.nbytes()));
+  encoder.add_temporary(partials);
+  bind_and_dispatch(
+      encoder,
+      plan.buffers,
+      plan.grid,
+      plan.threadgroup,
+      partials,
+      metal::Operand::partials,
+      array_for);
+  const auto& sum = *plan.reduction;
+  encoder.set_compute_pipeline_state(d.get_kernel(
+      sum.kernel, d.get_library(sum.library, metal::module_directory())));
+  bind_and_dispatch(
+      encoder,
+      sum.buffers,
+      sum.grid,
+      sum.threadgroup,
+      out,
+      metal::Operand::y,
+      array_for);
 }
 
 // The plan of `problem` on the stream's GPU. The NAX library is loaded only

@@ -40,6 +40,7 @@ Input input_of(Operand operand) {
     case Operand::y:
     case Operand::lhs_indices:
     case Operand::rhs_indices:
+    case Operand::partials:
       break;
   }
   throw std::invalid_argument(

@@ -117,10 +117,15 @@ inline void nax_store_accumulator(
 }
 
 // One BM x 64 tile of y = x @ W^T at `tile` (column block, row block), with W
-// (N, K) grouped along K; K a multiple of 16.
-template <typename T, int bits, int BM>
+// (N, K) grouped along K; K a multiple of 16. Sums k_begin <= k < k_end (a
+// multiple of the group size and of 64, and K) and stores to `y` (M x N) as
+// U: op.y, or a split-K slice of float partials.
+template <typename T, int bits, int BM, typename U = T>
 inline void fp_qmm_nax_impl(
     Operands<T> op,
+    device U* y,
+    int k_begin,
+    int k_end,
     threadgroup T* x_tile,
     threadgroup bfloat* w_tile,
     uint2 tile,
@@ -158,7 +163,7 @@ inline void fp_qmm_nax_impl(
   const ushort2 origin = nax_fragment_origin(lane);
   float acc[fragments_m][16] = {};
 
-  for (int k0 = 0; k0 < K; k0 += BK) {
+  for (int k0 = k_begin; k0 < k_end; k0 += BK) {
     const int k_extent = min(BK, K - k0);
     // A thread keeps its rows of W, so a group wider than the block keeps
     // its scales across blocks.
@@ -193,7 +198,7 @@ inline void fp_qmm_nax_impl(
   // Fragments that were never computed lie wholly past M or N.
   for (int i = 0; i < fragments_m; ++i) {
     nax_store_accumulator(
-        acc[i], op.y, M, N, row0 + sg_row + 16 * i, col0 + sg_col, origin);
+        acc[i], y, M, N, row0 + sg_row + 16 * i, col0 + sg_col, origin);
   }
 }
 
@@ -208,7 +213,44 @@ template <typename T, int bits, int BM>
     ushort lane [[thread_index_in_simdgroup]]) {
   const Operands<T> op = batch_operands<T>(FPQMM_BUFFER_NAMES, tgid.z);
   fp_qmm_nax_impl<T, bits, BM>(
-      op, x_tile, w_tile, tgid.xy, thread_index, simdgroup, lane);
+      op,
+      op.y,
+      0,
+      op.K,
+      x_tile,
+      w_tile,
+      tgid.xy,
+      thread_index,
+      simdgroup,
+      lane);
+}
+
+// Split K on the NAX tiles, as fp_qmm_split_k on the MMA ones; the base
+// library's fp_split_k_sum adds the slices up.
+template <typename T, int bits, int BM>
+[[kernel]] void fp_qmm_nax_split_k(
+    FPQMM_BUFFERS(T),
+    device float* partials [[buffer(FPQMM_BUFFER_PARTIALS)]],
+    constant int& split_k_step [[buffer(FPQMM_BUFFER_SPLIT_K_STEP)]],
+    threadgroup T* x_tile [[threadgroup(0)]],
+    threadgroup bfloat* w_tile [[threadgroup(1)]],
+    uint3 tgid [[threadgroup_position_in_grid]],
+    ushort thread_index [[thread_index_in_threadgroup]],
+    ushort simdgroup [[simdgroup_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]]) {
+  const Operands<T> op = batch_operands<T>(FPQMM_BUFFER_NAMES, 0);
+  const int k_begin = int(tgid.z) * split_k_step;
+  fp_qmm_nax_impl<T, bits, BM>(
+      op,
+      partials + int64_t(tgid.z) * M * N,
+      k_begin,
+      min(K, k_begin + split_k_step),
+      x_tile,
+      w_tile,
+      tgid.xy,
+      thread_index,
+      simdgroup,
+      lane);
 }
 
 template <typename T, int bits, int BM>
@@ -223,7 +265,16 @@ template <typename T, int bits, int BM>
     ushort lane [[thread_index_in_simdgroup]]) {
   const Operands<T> op = gather_operands<T, bits>(FPQMM_GATHER_NAMES, tgid.z);
   fp_qmm_nax_impl<T, bits, BM>(
-      op, x_tile, w_tile, tgid.xy, thread_index, simdgroup, lane);
+      op,
+      op.y,
+      0,
+      op.K,
+      x_tile,
+      w_tile,
+      tgid.xy,
+      thread_index,
+      simdgroup,
+      lane);
 }
 
 // The sorted-runs gather kernel on the NAX tiles (see fp_gather_rhs_qmm).
@@ -240,8 +291,12 @@ template <typename T, int bits, int BM>
   const int rows_end = min(int(tgid.y + 1) * BM, x_matrices);
   for (int first = int(tgid.y) * BM; first < rows_end;) {
     const int end = expert_run_end(rhs_indices, first, rows_end);
+    const Operands<T> op = run_operands<T, bits>(FPQMM_RUN_NAMES, first, end);
     fp_qmm_nax_impl<T, bits, BM>(
-        run_operands<T, bits>(FPQMM_RUN_NAMES, first, end),
+        op,
+        op.y,
+        0,
+        K,
         x_tile,
         w_tile,
         uint2(tgid.x, 0),
