@@ -93,17 +93,16 @@ FPQMM_CONST int kNaxBlockK = 64;
 FPQMM_CONST int kNaxThreads = 4 * kSimdSize;
 FPQMM_CONST int kNaxWeightItemsize = 2;  // bfloat
 
-// Decode kernel for transpose=True (qmv): each simdgroup owns `outputs` rows
-// of W for one block of x rows; each lane takes whole groups of K, in chunks
-// of kQmvChunk codes (one 8- or 16-byte load). Two variants: up to 8 x rows
-// with 4 outputs per simdgroup (x read N / 4 times, as MLX's qmv_fast), and
-// up to 32 x rows with 1 (bounded registers: rows x outputs sums per lane).
+// Decode kernel for transpose=True (qmv): each simdgroup owns kQmvOutputs
+// rows of W (x is read N / 4 times, as by MLX's qmv_fast) for one block of
+// up to kQmvRows x rows; each lane takes whole groups of K, in chunks of
+// kQmvChunk codes (one 8- or 16-byte load). More rows of x take more blocks,
+// side by side in the grid (x), so on a GPU the blocks after the first find
+// their rows of W in cache.
 FPQMM_CONST int kQmvSimdgroups = 2;
 FPQMM_CONST int kQmvChunk = 16;
-FPQMM_CONST int kQmvSmallRows = 8;
-FPQMM_CONST int kQmvSmallOutputs = 4;
-FPQMM_CONST int kQmvLargeRows = 32;
-FPQMM_CONST int kQmvLargeOutputs = 1;
+FPQMM_CONST int kQmvRows = 8;
+FPQMM_CONST int kQmvOutputs = 4;
 
 // Decode kernel for transpose=False (qvm): each lane owns 8 adjacent output
 // columns, the simdgroups of a threadgroup split K, and x rows come in

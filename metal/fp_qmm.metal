@@ -1,7 +1,7 @@
 // Every kernel of the base metallib, as fpqmm_<kernel>_bm<rows>_<codes>_<type>
 // and, for the gather (mixture-of-experts) variants, fpqmm_gather_<kernel>...
 // and the sorted-runs fpqmm_gather_rhs_mma_{t,n}_bm32_...:
-//   qmv_bm8, qmv_bm32  decode, y = x @ W^T (up to 8 / 32 rows of x per pass)
+//   qmv_bm8            decode, y = x @ W^T (8 rows of x per block)
 //   qvm_bm4            decode, y = x @ W
 //   mma_t_bm32, _bm64  simdgroup-matrix tiles, y = x @ W^T
 //   mma_n_bm32         simdgroup-matrix tiles, y = x @ W
@@ -16,10 +16,7 @@ namespace fpqmm {
 
 // clang-format off
 #define FPQMM_INSTANTIATE_FAMILIES(prefix, qmv, qvm, qmm, type_name, T, codes, bits)                  \
-  FPQMM_INSTANTIATE(prefix "qmv_bm8_" #codes "_" #type_name,                                         \
-                    qmv, T, bits, kQmvSmallRows, kQmvSmallOutputs)                                   \
-  FPQMM_INSTANTIATE(prefix "qmv_bm32_" #codes "_" #type_name,                                        \
-                    qmv, T, bits, kQmvLargeRows, kQmvLargeOutputs)                                   \
+  FPQMM_INSTANTIATE(prefix "qmv_bm8_" #codes "_" #type_name, qmv, T, bits, kQmvRows, kQmvOutputs)  \
   FPQMM_INSTANTIATE(prefix "qvm_bm4_" #codes "_" #type_name, qvm, T, bits)                           \
   FPQMM_INSTANTIATE(prefix "mma_t_bm32_" #codes "_" #type_name, qmm, T, bits, 32, true)              \
   FPQMM_INSTANTIATE(prefix "mma_t_bm64_" #codes "_" #type_name, qmm, T, bits, 64, true)              \

@@ -67,8 +67,9 @@ inline void fp_qmv_impl(
   const int M = op.M;
   const int N = op.N;
   const int K = op.K;
-  const int first_output = (int(tgid.x) * kQmvSimdgroups + simdgroup) * outputs;
-  const int first_row = int(tgid.y) * rows;
+  // Grid x walks the blocks of x rows, y the blocks of outputs.
+  const int first_output = (int(tgid.y) * kQmvSimdgroups + simdgroup) * outputs;
+  const int first_row = int(tgid.x) * rows;
   const int valid_rows = min(rows, M - first_row);
   const int words_per_row = K * bits / 32;
   const int groups_per_row = K / group_size;

@@ -161,10 +161,10 @@ def test_bad_arguments():
 @pytest.mark.parametrize(
     "M,transpose,kernel,name,grid,K",
     [
-        (1, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (32, 1, 1), 256),
-        (8, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (32, 1, 1), 256),
-        (9, True, "qmv", "fpqmm_qmv_bm32_e2m1_float16", (128, 1, 1), 256),
-        (40, True, "qmv", "fpqmm_qmv_bm32_e2m1_float16", (128, 2, 1), 256),
+        (1, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (1, 32, 1), 256),
+        (8, True, "auto", "fpqmm_qmv_bm8_e2m1_float16", (1, 32, 1), 256),
+        (9, True, "qmv", "fpqmm_qmv_bm8_e2m1_float16", (2, 32, 1), 256),
+        (40, True, "qmv", "fpqmm_qmv_bm8_e2m1_float16", (5, 32, 1), 256),
         (2, False, "auto", "fpqmm_qvm_bm4_e2m1_float16", (1, 1, 1), 256),
         (20, True, "mma", "fpqmm_mma_t_split_k_bm32_e2m1_float16", (8, 1, 2), 256),
         (33, True, "mma", "fpqmm_mma_t_split_k_bm64_e2m1_float16", (8, 1, 2), 256),

@@ -41,13 +41,12 @@ std::string kernel_name(
 
 // The kernel, grid and threadgroup memory of each family.
 void plan_qmv(const QmmProblem& p, KernelPlan& plan) {
-  bool small = p.M <= fpqmm::kQmvSmallRows;
-  int rows = small ? fpqmm::kQmvSmallRows : fpqmm::kQmvLargeRows;
-  int outputs = small ? fpqmm::kQmvSmallOutputs : fpqmm::kQmvLargeOutputs;
-  plan.kernel = kernel_name("qmv", rows, p);
+  plan.kernel = kernel_name("qmv", fpqmm::kQmvRows, p);
   plan.threadgroup = {fpqmm::kSimdSize * fpqmm::kQmvSimdgroups, 1, 1};
   plan.grid = {
-      ceil_div(p.N, fpqmm::kQmvSimdgroups * outputs), ceil_div(p.M, rows), 1};
+      ceil_div(p.M, fpqmm::kQmvRows),
+      ceil_div(p.N, fpqmm::kQmvSimdgroups * fpqmm::kQmvOutputs),
+      1};
 }
 
 void plan_qvm(const QmmProblem& p, KernelPlan& plan) {
