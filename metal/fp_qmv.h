@@ -179,7 +179,8 @@ inline void fp_qvm_impl(
       }
       float weights[columns];
       decode_scaled<bits, columns>(packed, scale, weights);
-      for (int r = 0; r < rows; ++r) {
+      // valid_rows is the same on every lane: the shuffles are uniform.
+      for (int r = 0; r < valid_rows; ++r) {
         float x_value = simd_shuffle(x_block[r], ushort(j));
         for (int c = 0; c < columns; ++c) {
           sums[r][c] += x_value * weights[c];
