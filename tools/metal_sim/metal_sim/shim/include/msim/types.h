@@ -164,13 +164,16 @@ METAL_FUNC void append_components(thread V& out, thread int& next, A arg) {
   }
 }
 
-// `float4(...)`-style construction: a splat, an element-type conversion, or
-// a concatenation of scalars and vectors (the rewriter maps the syntax here).
+// `float4(...)`-style construction: a splat, an element-type conversion, a
+// class's conversion to the vector, or a concatenation of scalars and vectors
+// (the rewriter maps the syntax here).
 template <class V, class... A>
 METAL_FUNC V make_vec(A... args) {
   constexpr int n = vec_info<V>::size;
   V out{};
-  if constexpr (sizeof...(A) == 1 && (vec_info<A>::size + ...) == 1) {
+  if constexpr (sizeof...(A) == 1 && (std::is_class_v<A> && ...)) {
+    return V(args...);  // a class's conversion function (`operator float2()`)
+  } else if constexpr (sizeof...(A) == 1 && (vec_info<A>::size + ...) == 1) {
     for (int i = 0; i < n; ++i)
       out[i] = convert_element<typename vec_info<V>::element>(args...);
   } else if constexpr (sizeof...(A) > 0) {
