@@ -149,7 +149,7 @@ class Library:
                     f"{source} does not compile for the simulator:\n{result.stderr}"
                 )
             try:
-                ir.write_text(instrument(ir.read_text()))
+                ir.write_text(instrument(ir.read_text(), str(toolchain.SHIM_INCLUDE)))
             except InstrumentError as error:
                 raise MetalCompileError(f"{source}: {error}") from error
             command = [*toolchain.clang(), *toolchain.CODEGEN_FLAGS, "-c", str(ir)]

@@ -168,7 +168,12 @@ struct Region {
   uint64_t bytes_read = 0, bytes_written = 0;
 };
 
+// Instruction classes, as instrument.py's CLASSES orders __msim_count's array.
+constexpr const char* kInstructionClasses[] = {"float", "integer", "conversion", "memory", "control", "other"};
+constexpr size_t kInstructionClassCount = std::size(kInstructionClasses);
+
 struct Counters {
+  uint64_t instructions[kInstructionClassCount] = {};
   uint64_t threadgroup_bytes_read = 0, threadgroup_bytes_written = 0;
   uint64_t threadgroup_barriers = 0, simdgroup_barriers = 0, simd_collectives = 0;
   uint64_t simdgroup_matrix_ops = 0, matmul2d_runs = 0;
@@ -528,7 +533,10 @@ void write_counters(std::ostream& out) {
       << ", \"threadgroup_barriers\": " << c.threadgroup_barriers
       << ", \"simdgroup_barriers\": " << c.simdgroup_barriers << ", \"simd_collectives\": " << c.simd_collectives
       << ", \"simdgroup_matrix_ops\": " << c.simdgroup_matrix_ops << ", \"matmul2d_runs\": " << c.matmul2d_runs
-      << ", \"threadgroups\": " << c.threadgroups << ", \"threads\": " << c.threads << "}}\n";
+      << ", \"threadgroups\": " << c.threadgroups << ", \"threads\": " << c.threads << ", \"instructions\": {";
+  for (size_t i = 0; i < kInstructionClassCount; ++i)
+    out << (i ? ", " : "") << "\"" << kInstructionClasses[i] << "\": " << c.instructions[i];
+  out << "}}}\n";
 }
 
 int run() {
@@ -734,6 +742,13 @@ extern "C" void __msim_copy(uintptr_t destination, uintptr_t source, size_t size
   std::vector<uint8_t> uninitialized(size, 0);
   msim::check_access(source, size, false, __builtin_return_address(0), &uninitialized);
   msim::check_access(destination, size, true, __builtin_return_address(0), &uninitialized);
+}
+
+// Instructions of one executed basic block, by class (see instrument.py).
+extern "C" void __msim_count(const uint64_t* counts) {
+  msim::State& s = msim::state();
+  if (!s.checking) return;
+  for (size_t i = 0; i < msim::kInstructionClassCount; ++i) s.counters.instructions[i] += counts[i];
 }
 
 // -fsanitize=shift-exponent,integer-divide-by-zero handlers (clang's UBSan
