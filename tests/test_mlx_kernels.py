@@ -10,12 +10,14 @@ cross product (each kernel is a build of MLX's headers, about 2 s cold).
 
 from __future__ import annotations
 
+import json
+
 import mlx.core as mx
 import pytest
 from metal_sim import KernelError
 from reference import qmm_reference, relative_error
 
-from mlx_fpqmm import mlx_metal
+from mlx_fpqmm import bench_metal, mlx_metal
 from mlx_fpqmm.mlx_metal import Device, mlx_plan, qmv_batch_limit, run_mlx
 
 G16 = Device("applegpu_g16s")
@@ -112,3 +114,26 @@ def test_plan_follows_mlx_choice():
     )
     with pytest.raises(ValueError, match="NAX"):
         mlx_plan("mxfp4", mx.float16, 64, 512, 512, G16, kernel="nax")
+
+
+def test_vs_mlx_report_on_a_tiny_problem(tmp_path, capsys):
+    """python -m mlx_fpqmm.bench_metal --vs-mlx: one prefill problem on a
+    generation-17 GPU gives MLX's pick (split-K), ours and MLX's NAX kernel,
+    each matching the reference, with every measure per output element."""
+    rows_file = tmp_path / "rows.json"
+    bench_metal.main(["--vs-mlx", "--m", "64", "--sizes", "64x256", "--json", str(rows_file)])
+    rows = json.loads(rows_file.read_text())
+    assert [(r["side"], r["choice"]) for r in rows][:2] == [("MLX", "pick"), ("ours", "pick")]
+    assert rows[0]["kernel"] == "qmm_t_splitk x8 +accum"
+    assert any(r["side"] == "MLX" and r["kernel"] == "qmm_t_nax bm64" for r in rows)
+    table = capsys.readouterr().out
+    for r in rows:
+        assert r["error"] < TOLERANCE[mx.float16], r
+        measures = r["per_output"]
+        assert set(measures) >= {"w_read", "x_unique", "threadgroup_barriers", "float", "memory"}
+        assert measures["matrix_macs"] == 256  # K multiply-adds per output: whole tiles
+        assert measures["y_written"] == 2  # each float16 output once
+        assert measures["float"] > 0 and measures["integer"] > 0
+        assert r["kernel"] in table
+    split_k = rows[0]["per_output"]
+    assert split_k["partials"] == 8 * 4 * 2  # 8 float partials written and read
