@@ -157,14 +157,15 @@ def moe_report(experts: int = 8, pairs: int = 128, N: int = 256, K: int = 1024) 
 
 
 # The side-by-side problems: decode and prefill rows, N x K. 2560 x 2560 stands
-# in for 4096 x 4096 at 0.39 of its work: K and N are above 2048 as there (MLX's
+# in for 4096 x 4096 at 0.39 of its work (4096^2 at M = 512 takes the simulator
+# about 2.5 minutes for the two sides): K and N are above 2048 as there (MLX's
 # decode limit is the 4096 class's) and keep every alignment (K % 512, N % 64).
 DECODE_M = (1, 4, 8)
 PREFILL_M = (32, 64, 128, 512)
 SIZES = ((512, 512), (2560, 2560), (2112, 512))
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16}
 DEFAULT_SET = {
-    "modes": ("mxfp4",),
+    "modes": tuple(mlx_metal.MODES),
     "dtypes": ("float16",),
     "ms": (1, 8, 64, 512),
     "sizes": ((512, 512), (2112, 512)),
@@ -232,6 +233,7 @@ def relative_error(y: np.ndarray, x: mx.array, w_q: mx.array, scales: mx.array, 
 
 
 def mlx_row(x, w_q, scales, mode: str, device: mlx_metal.Device, kernel: str) -> dict[str, Any]:
+    """MLX's kernels on one problem (``kernel``: "auto", MLX's pick, or "nax")."""
     run = mlx_metal.run_mlx(x, w_q, scales, mode=mode, device=device, kernel=kernel)
     names = [
         {i: v for i, v in d.buffers.items() if isinstance(v, str)} for d in run.plan.dispatches
@@ -243,18 +245,32 @@ def mlx_row(x, w_q, scales, mode: str, device: mlx_metal.Device, kernel: str) ->
     detail = re.search(r"_(bm\d+|nv_\d+)_", run.plan.dispatches[0].host_name)
     if detail:
         label += " " + detail.group(1).replace("_", "")
-    counters = sum_counters(list(zip(run.counters, names, strict=True)))
-    return {"side": "MLX", "kernel": label, "y": run.y, "counters": counters}
+    return {
+        "side": "MLX",
+        "kernel": label,
+        "nax": run.plan.kernel == "qmm_t_nax",
+        "y": run.y,
+        "counters": sum_counters(list(zip(run.counters, names, strict=True))),
+    }
 
 
 def our_row(x, w_q, scales, mode: str, device: mlx_metal.Device, kernel: str) -> dict[str, Any]:
+    """mlx_fpqmm's kernel on one problem (``kernel``: "auto", its pick, or "nax")."""
     macos = ".".join(map(str, device.macos))
     run = run_metal(
         x, w_q, scales, mode=mode, device=device.architecture, macos=macos, kernel=kernel
     )
     names = {i: name for i, (kind, name) in run.plan["buffers"].items() if kind == "operand"}
-    counters = sum_counters([(run.counters, names)])
-    return {"side": "ours", "kernel": run.plan["kernel"], "y": run.y, "counters": counters}
+    return {
+        "side": "ours",
+        "kernel": run.plan["kernel"],
+        "nax": run.plan["path"] == "nax",
+        "y": run.y,
+        "counters": sum_counters([(run.counters, names)]),
+    }
+
+
+SIDES = (mlx_row, our_row)
 
 
 def vs_mlx_rows(modes, dtypes, ms, sizes, device: mlx_metal.Device) -> list[dict[str, Any]]:
@@ -267,21 +283,18 @@ def vs_mlx_rows(modes, dtypes, ms, sizes, device: mlx_metal.Device) -> list[dict
                 w_q, scales = mx.quantize(mx.random.normal((N, K)), mode=mode)
                 for M in ms:
                     x = mx.random.normal((M, K)).astype(DTYPES[dtype_name])
+                    problem = {"mode": mode, "dtype": dtype_name, "M": M, "N": N, "K": K}
+                    picks = [side(x, w_q, scales, mode, device, "auto") for side in SIDES]
+                    runs = [{**run, "choice": "pick"} for run in picks]
                     prefill = M >= mlx_metal.qmv_batch_limit(K, N, device)
-                    runs = [
-                        {**mlx_row(x, w_q, scales, mode, device, "auto"), "choice": "pick"},
-                        {**our_row(x, w_q, scales, mode, device, "auto"), "choice": "pick"},
-                    ]
                     if device.has_nax and prefill and K % 64 == 0:
-                        if not runs[0]["kernel"].startswith("qmm_t_nax"):
-                            runs.append({**mlx_row(x, w_q, scales, mode, device, "nax"),
-                                         "choice": "nax"})  # fmt: skip
-                        if "_nax_" not in runs[1]["kernel"]:
-                            runs.append({**our_row(x, w_q, scales, mode, device, "nax"),
-                                         "choice": "nax"})  # fmt: skip
+                        runs += [
+                            {**side(x, w_q, scales, mode, device, "nax"), "choice": "nax"}
+                            for side, pick in zip(SIDES, picks, strict=True)
+                            if not pick["nax"]
+                        ]
                     for run in runs:
                         error = relative_error(run.pop("y"), x, w_q, scales, mode)
-                        problem = {"mode": mode, "dtype": dtype_name, "M": M, "N": N, "K": K}
                         rows.append(
                             {
                                 **problem,

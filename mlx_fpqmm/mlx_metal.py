@@ -193,6 +193,7 @@ def mlx_plan(
     sizes = {"K": K, "N": N, "M": M}
 
     def launch(source, host, template, arguments, buffers, grid, threadgroup) -> Dispatch:
+        # "K", "N", "M" bind those sizes (set_bytes); other names are operands
         bound = {i: sizes.get(v, v) for i, v in buffers.items()}
         return Dispatch(source, host, template, (*args, *arguments), bound, grid, threadgroup)
 
@@ -224,7 +225,7 @@ def mlx_plan(
                     6: "M",
                     7: K // split,
                     8: M * N,
-                },  # fmt: skip
+                },
                 (n_tiles, m_tiles, split),
                 (32, 2, 2),
             )
@@ -243,7 +244,10 @@ def mlx_plan(
         kernel = "nax" if device.has_nax and K % 64 == 0 else "qmm_t"
     if kernel == "nax":
         if not device.has_nax or K % 64:
-            raise ValueError(f"MLX has no NAX kernel for K = {K} on {device}.")
+            raise ValueError(
+                f"MLX has no NAX kernel for K = {K} on {device.architecture} with macOS "
+                f"{'.'.join(map(str, device.macos))} (needs K % 64 == 0, generation 17, 26.2)."
+            )
         bm = 32 if M <= 32 else 64
         aligned = "true" if N % 64 == 0 else "false"
         dispatch = launch(

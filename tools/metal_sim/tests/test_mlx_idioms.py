@@ -30,7 +30,7 @@ def run_lanes(lib: Library, name: str, x: np.ndarray, rows: int) -> np.ndarray:
 
 def test_private_builtins_and_math_modes(idioms: Library) -> None:
     x = RNG.integers(-40, 40, 32).astype(np.float32) / 8  # sums exact in any order
-    out = run_lanes(idioms, "private_builtins", x, 8)
+    out = run_lanes(idioms, "private_builtins", x, 9)
     np.testing.assert_array_equal(out[0], np.abs(x))
     np.testing.assert_array_equal(out[1], np.maximum(np.abs(x), 0.5))
     np.testing.assert_array_equal(out[2], x * x + 1)
@@ -39,6 +39,8 @@ def test_private_builtins_and_math_modes(idioms: Library) -> None:
     np.testing.assert_array_equal(out[5], np.cumsum(x) - x)
     np.testing.assert_array_equal(out[6], x * 8)
     np.testing.assert_array_equal(out[7], np.full(32, 32))
+    bits = np.bitwise_xor.reduce(x.view(np.uint32))
+    np.testing.assert_array_equal(out[8].view(np.uint32), np.full(32, bits))
 
 
 def test_public_functions_fill_shuffles_and_prefix_products(idioms: Library) -> None:
@@ -72,6 +74,25 @@ def test_members_qualified_by_address_space(idioms: Library) -> None:
     )
     a, b = pairs[:, 0], pairs[:, 1]
     np.testing.assert_array_equal(out, (b + a) * np.float32(10) + b)
+
+
+def test_conversion_functions(idioms: Library) -> None:
+    pairs = RNG.standard_normal((16, 2)).astype(np.float16)
+    out = np.full((16, 3), np.nan, np.float32)
+    idioms.dispatch(
+        "conversion_functions", {0: pairs, 1: out}, grid=(1, 1, 1), threadgroup=(16, 1, 1)
+    )
+    np.testing.assert_array_equal(out[:, 0], pairs[:, 1])
+    np.testing.assert_array_equal(out[:, 1], pairs[:, 0])
+    np.testing.assert_array_equal(out[:, 2], pairs[:, 0] + pairs[:, 1])
+
+
+def test_constant_implies_const(idioms: Library) -> None:
+    out = np.zeros(1, np.int32)
+    idioms.dispatch(
+        "constant_is_const", {0: np.int32(21), 1: out}, grid=(1, 1, 1), threadgroup=(1, 1, 1)
+    )
+    assert out[0] == 42
 
 
 def test_constant_array_parameter(idioms: Library) -> None:

@@ -41,6 +41,7 @@ typedef bfloat bfloat16_t;
   out[5 * n + lane] = __metal_simd_prefix_exclusive_sum(x);
   out[6 * n + lane] = __metal_ldexp(x, 3, __METAL_PRECISE_MATH__);
   out[7 * n + lane] = __metal_get_simdgroup_size(ushort());
+  out[8 * n + lane] = __metal_simd_xor(x);  // bf16_math.h's simd_xor: on the bits
 }
 
 // Public MSL: M_PI_F, is_convertible_v, frexp, ldexp, cospi, the three-operand
@@ -83,7 +84,7 @@ struct pair_t {
   constexpr operator vec<T, 2>() const constant {
     return vec<T, 2>(first, second);
   }
-  // Only for objects in device memory on Metal: keeps no qualifier here.
+  // Only for objects in device memory on Metal: loses its qualifier here.
   T sum() const device {
     return first + second;
   }
@@ -94,9 +95,42 @@ struct pair_t {
     device float* out [[buffer(1)]],
     uint i [[thread_position_in_grid]]) {
   pair_t<float> p(in[i]);
-  float2 back = p;
-  pair_t<float> q(back.y, back.x);
-  out[i] = q.sum() * 10.0f + float2(q).x;
+  pair_t<float> q(p.second, p.first);
+  out[i] = q.sum() * 10.0f + q.first;
+}
+
+// Conversion functions to a vector and to half: declared as written, and used
+// by implicit conversions and by the `float2(object)` constructor syntax.
+struct halves_t {
+  half low, high;
+  operator vec<half, 2>() const thread {
+    return vec<half, 2>(low, high);
+  }
+  operator half() const thread {
+    return low + high;
+  }
+};
+
+[[kernel]] void conversion_functions(
+    const device half2* in [[buffer(0)]],
+    device float* out [[buffer(1)]],
+    uint i [[thread_position_in_grid]]) {
+  halves_t h{in[i].x, in[i].y};
+  half2 v = h;
+  half sum = h;
+  out[3 * i] = float2(v).y;
+  out[3 * i + 1] = float(half2(h).x);
+  out[3 * i + 2] = float(sum);
+}
+
+// Metal's constant memory is read-only: `constant int&` and
+// `const constant int&` are one type (MLX's fp_qmv_quad_impl relies on it).
+inline int twice(constant int& n) {
+  return 2 * n;
+}
+
+[[kernel]] void constant_is_const(const constant int& n [[buffer(0)]], device int* out [[buffer(1)]]) {
+  out[0] = twice(n);
 }
 
 // utils.h's elem_to_loc: a constant array parameter is a pointer.
