@@ -302,7 +302,7 @@ def operand_type(text: str) -> str:
 
 def instruction_class(line: str, checks: set[str]) -> tuple[str, int] | None:
     """(class, count) of one instruction line, or None if it is not counted
-    (`checks`: the sanitizer's, see sanitizer_checks)."""
+    (`checks`: the sanitizer's, see Function.sanitizer_checks)."""
     code = line.strip()
     if code in checks:
         return None
@@ -356,17 +356,6 @@ def instruction_class(line: str, checks: set[str]) -> tuple[str, int] | None:
             return ("float", count) if is_float else ("other", count)
         return ("float", count) if is_float else ("control", 1)
     return None
-
-
-def sanitizer_checks(lines: list[str]) -> set[str]:
-    """The sanitizer's instructions (marked !nosanitize) and the values only its
-    branches use (the comparisons they branch on)."""
-    checks = {line.strip() for line in lines if "!nosanitize" in line}
-    for line in checks.copy():
-        m = re.match(rf"br i1 ({VALUE}),", line)
-        if m and sum(len(re.findall(rf"{re.escape(m.group(1))}\b", x)) for x in lines) == 2:
-            checks.add(m.group(1))  # used by its definition and this branch only
-    return checks
 
 
 @dataclass
@@ -581,10 +570,20 @@ class Function:
             out.append(line)
         return out
 
+    def sanitizer_checks(self) -> set[str]:
+        """The sanitizer's instructions (marked !nosanitize) and the values only its
+        branches use (the comparisons they branch on)."""
+        checks = {line.strip() for line in self.lines if "!nosanitize" in line}
+        for line in checks.copy():
+            m = re.match(rf"br i1 ({VALUE}),", line)
+            if m and self.uses.get(m.group(1)) == 2:  # its definition and this branch
+                checks.add(m.group(1))
+        return checks
+
     def count_blocks(self) -> dict[int, str]:
         """Line index -> counts id where each basic block's count call goes (after
         its label and phis); the counts are added to `block_counts`."""
-        checks = sanitizer_checks(self.lines)
+        checks = self.sanitizer_checks()
         starts = [0] + [i + 1 for i, line in enumerate(self.lines) if LABEL.match(line)]
         ends = starts[1:] + [len(self.lines) + 1]
         placed = {}
