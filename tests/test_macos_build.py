@@ -21,17 +21,16 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
-import zipfile
 from concurrent.futures import ThreadPoolExecutor
-from functools import cache
 from pathlib import Path
 
 import pytest
 
+from mlx_fpqmm import mlx_metal
+
 ROOT = Path(__file__).resolve().parent.parent
 STUBS = Path(__file__).resolve().parent / "macos_stubs"
 TARGET = "arm64-apple-macos14.0"
-CACHE = Path(os.environ.get("MLX_FPQMM_CACHE_DIR", Path.home() / ".cache" / "mlx_fpqmm"))
 
 # libc++'s configuration, which `zig c++` would otherwise pass itself; the last
 # one turns on the macOS availability annotations.
@@ -73,30 +72,13 @@ def pinned_mlx_version() -> str:
     return versions.pop()
 
 
-@cache
 def mlx_metal_wheel() -> Path:
-    """MLX's macOS headers: the mlx-metal wheel of the pinned version, unpacked."""
-    version = pinned_mlx_version()
-    target = CACHE / f"mlx-metal-{version}"
-    if (target / "mlx" / "include" / "mlx" / "backend" / "metal" / "device.h").exists():
-        return target
-    download = CACHE / "downloads"
-    download.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-        "--only-binary=:all:", "--platform", "macosx_14_0_arm64",
-        "--python-version", "3.11", f"mlx-metal=={version}", "-d", str(download),
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True)
-    wheels = sorted(download.glob(f"mlx_metal-{version}-*macosx*arm64.whl"))
-    if result.returncode != 0 or not wheels:
-        pytest.skip(f"cannot download mlx-metal=={version} from PyPI:\n{result.stderr[-2000:]}")
-    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    with zipfile.ZipFile(wheels[-1]) as wheel:
-        members = [n for n in wheel.namelist() if n.startswith(("mlx/include/", "mlx/share/"))]
-        wheel.extractall(partial, members)
-    partial.replace(target)
-    return target
+    """MLX's macOS headers: the mlx-metal wheel of the pinned version, unpacked
+    (mlx_fpqmm.mlx_metal fetches it; skipped when PyPI is unreachable)."""
+    try:
+        return mlx_metal.mlx_metal_wheel(pinned_mlx_version())
+    except mlx_metal.MlxMetalUnavailable as e:
+        pytest.skip(str(e))
 
 
 def mlx_interface(wheel: Path) -> tuple[list[str], list[Path]]:
@@ -145,7 +127,7 @@ def clang_command(root: Path, wheel: Path) -> list[str]:
 def typecheck(root: Path, sources: list[str]) -> dict[str, subprocess.CompletedProcess[str]]:
     """Type-checks `sources` (relative to `root`) for macOS, in parallel."""
     command = clang_command(root, mlx_metal_wheel())
-    env = {**os.environ, "ZIG_GLOBAL_CACHE_DIR": str(CACHE / "zig")}
+    env = {**os.environ, "ZIG_GLOBAL_CACHE_DIR": str(mlx_metal.cache_dir() / "zig")}
 
     def check(source: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*command, source], cwd=root, capture_output=True, text=True, env=env)

@@ -22,6 +22,17 @@ performs is one this pass saw:
   Library.
 
 The calls carry the access's debug location, so reports name its line.
+
+It also counts the instructions each thread executes, by class (see
+CLASSES): each basic block of a function defined in the kernel's sources
+(not in the shim, whose out-of-line functions carry out collectives) starts
+with a call `__msim_count(ptr)` to a constant array of its own counts.
+Vector operations count once per element, as the GPU's scalar lanes do them;
+a device, constant or threadgroup access counts once whatever its width.
+Not counted: what the simulator adds (the tracing calls, the runtime calls,
+private memory, which on a GPU is registers) and what costs nothing
+(phi, bitcast, address-space casts, unconditional branches, debug and
+lifetime intrinsics), nor the sanitizer's shift and division checks.
 """
 
 from __future__ import annotations
@@ -34,7 +45,34 @@ HOOKS = (
     "declare void @__msim_load(i64, i64)\n"
     "declare void @__msim_store(i64, i64)\n"
     "declare void @__msim_copy(i64, i64, i64)\n"
+    "declare void @__msim_count(ptr)\n"
 )
+# Instruction classes, in the order of __msim_count's array (runtime.cpp).
+CLASSES = ("float", "integer", "conversion", "memory", "control", "other")
+FLOAT_TYPES = {"half", "bfloat", "float", "double"}
+FLOAT_OPS = {"fadd", "fsub", "fmul", "fdiv", "frem", "fneg", "fcmp"}
+INTEGER_OPS = {
+    "add", "sub", "mul", "udiv", "sdiv", "urem", "srem", "shl", "lshr", "ashr", "and", "or",
+    "xor", "icmp", "trunc", "zext", "sext", "getelementptr",
+}  # fmt: skip
+CONVERSION_OPS = {"fpext", "fptrunc", "fptoui", "fptosi", "uitofp", "sitofp"}
+OTHER_OPS = {"extractelement", "insertelement", "shufflevector", "extractvalue", "insertvalue"}
+FLAG_WORDS = {
+    "fast", "nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc", "nuw", "nsw", "exact",
+    "disjoint", "nneg", "samesign", "inbounds", "tail", "musttail", "notail", "noundef",
+    "zeroext", "signext", "inreg",
+}  # fmt: skip
+# Calls to these are the simulator's machinery, not the kernel's work.
+UNCOUNTED_CALLS = re.compile(
+    r"@(?:llvm\.(?:dbg|lifetime|assume|experimental\.noalias)|_ZN4msim|__msim_|__ubsan_)"
+)
+INTEGER_INTRINSICS = re.compile(
+    r"@llvm\.(?:[us](?:min|max)|abs|ctpop|ctlz|cttz|bswap|bitreverse|fsh[lr])\."
+)
+LABEL = re.compile(r'^(?:\d+|[-\w.$]+|"[^"]*"):')
+SUBPROGRAM = re.compile(r"^(![\w.]+)\s*=\s*distinct\s+!DISubprogram\(.*?\bfile:\s*(![\w.]+)")
+DIFILE = re.compile(r'^(![\w.]+)\s*=\s*!DIFile\(filename:\s*"((?:[^"\\]|\\.)*)"')
+DEFINE_DEBUG = re.compile(r"!dbg\s+(![\w.]+)\s*\{\s*$")
 
 LINKAGES = (
     "private|internal|available_externally|linkonce_odr|weak_odr|linkonce|weak|common|"
@@ -245,6 +283,81 @@ def pointer_operand(part: str) -> tuple[str, str] | None:
     return m.group(1), rest.strip()
 
 
+def lanes(type_text: str) -> tuple[int, bool]:
+    """(elements, whether floating point) of an IR type's leading vector or scalar."""
+    m = re.match(r"<\s*(\d+)\s+x\s+(\w+)", type_text)
+    if m:
+        return int(m.group(1)), m.group(2) in FLOAT_TYPES
+    word = re.match(r"\w+", type_text)
+    return 1, bool(word) and word.group() in FLOAT_TYPES
+
+
+def operand_type(text: str) -> str:
+    """`text` after its leading flags and calling-convention words."""
+    words = text.split(" ")
+    while words and (words[0] in FLAG_WORDS or not words[0]):
+        words.pop(0)
+    return " ".join(words)
+
+
+def instruction_class(line: str, checks: set[str]) -> tuple[str, int] | None:
+    """(class, count) of one instruction line, or None if it is not counted
+    (`checks`: the sanitizer's, see Function.sanitizer_checks)."""
+    code = line.strip()
+    if code in checks:
+        return None
+    name = None
+    m = re.match(rf"({VALUE})\s*=\s*(.*)$", code)
+    if m:
+        name, code = m.group(1), m.group(2)
+    if name in checks:
+        return None
+    op, _, rest = code.partition(" ")
+    rest = rest.strip()
+    if op in ("load", "store"):
+        spaces = ADDRESS_SPACE_POINTER.findall(rest)
+        return ("memory", 1) if spaces and spaces[-1] in TRACED_ADDRESS_SPACES else None
+    if op == "br":
+        return ("control", 1) if rest.startswith("i1 ") else None
+    if op in ("switch", "indirectbr"):
+        return "control", 1
+    if op in FLOAT_OPS:
+        if op == "fcmp":
+            rest = operand_type(rest).partition(" ")[2]
+        return "float", lanes(operand_type(rest))[0]
+    if op in INTEGER_OPS:
+        if op == "icmp":
+            rest = operand_type(rest).partition(" ")[2]
+        elif op == "getelementptr":
+            spaces = ADDRESS_SPACE_POINTER.findall(rest)
+            if not spaces or spaces[0] not in TRACED_ADDRESS_SPACES:
+                return None  # private memory: registers on a GPU
+            return "integer", 1
+        return "integer", lanes(operand_type(rest))[0]
+    if op in CONVERSION_OPS:
+        return "conversion", lanes(operand_type(rest))[0]
+    if op == "select":
+        count, is_float = lanes(operand_type(split_top_level(rest)[1]))
+        return ("float" if is_float else "integer"), count
+    if op in OTHER_OPS:
+        return "other", 1
+    if op in ("call", "tail", "musttail", "notail"):
+        if UNCOUNTED_CALLS.search(code):
+            return None
+        if MEM_INTRINSIC.match(line):
+            spaces = ADDRESS_SPACE_POINTER.findall(code)
+            return ("memory", 1) if set(spaces) & TRACED_ADDRESS_SPACES else None
+        callee = re.search(r"@[\w.$]+", code)
+        returned = operand_type(code.partition("call ")[2])
+        count, is_float = lanes(returned)
+        if callee and callee.group().startswith("@llvm."):
+            if INTEGER_INTRINSICS.search(code):
+                return "integer", count
+            return ("float", count) if is_float else ("other", count)
+        return ("float", count) if is_float else ("control", 1)
+    return None
+
+
 @dataclass
 class Memory:
     """What a vector in memory is known to hold: values loaded from or stored to it."""
@@ -257,9 +370,14 @@ class Memory:
 class Function:
     """One function body's lines, with the analysis of partial vector stores."""
 
-    def __init__(self, lines: list[str], layout: DataLayout) -> None:
+    def __init__(
+        self, lines: list[str], layout: DataLayout, counted: bool = False, number: int = 0
+    ) -> None:
         self.lines = lines
         self.layout = layout
+        self.counted = counted  # count its instructions (a function of the kernel's sources)
+        self.number = number  # names its blocks' count arrays
+        self.block_counts: list[tuple[int, ...]] = []
         self.definitions: dict[str, str] = {}
         self.uses: dict[str, int] = {}
         for line in lines:
@@ -429,8 +547,11 @@ class Function:
                 if found:
                     untraced_loads.add(found[0])
                     partial[a.index] = found[1]
+        counts_at = self.count_blocks() if self.counted else {}
         out = []
         for i, line in enumerate(self.lines):
+            if i in counts_at:
+                out.append(f"  call void @__msim_count(ptr @msim.counts.{counts_at[i]})")
             location = DEBUG_LOCATION.search(line)
             location = f", !dbg {location.group(1)}" if location else ""
             indent = re.match(r"\s*", line).group()
@@ -448,6 +569,38 @@ class Function:
                 out += self.intrinsic(line, indent, location)
             out.append(line)
         return out
+
+    def sanitizer_checks(self) -> set[str]:
+        """The sanitizer's instructions (marked !nosanitize) and the values only its
+        branches use (the comparisons they branch on)."""
+        checks = {line.strip() for line in self.lines if "!nosanitize" in line}
+        for line in checks.copy():
+            m = re.match(rf"br i1 ({VALUE}),", line)
+            if m and self.uses.get(m.group(1)) == 2:  # its definition and this branch
+                checks.add(m.group(1))
+        return checks
+
+    def count_blocks(self) -> dict[int, str]:
+        """Line index -> counts id where each basic block's count call goes (after
+        its label and phis); the counts are added to `block_counts`."""
+        checks = self.sanitizer_checks()
+        starts = [0] + [i + 1 for i, line in enumerate(self.lines) if LABEL.match(line)]
+        ends = starts[1:] + [len(self.lines) + 1]
+        placed = {}
+        for start, end in zip(starts, ends, strict=True):
+            counts = dict.fromkeys(CLASSES, 0)
+            for line in self.lines[start : end - 1]:
+                found = instruction_class(line, checks)
+                if found:
+                    counts[found[0]] += found[1]
+            if not any(counts.values()):
+                continue
+            at = start
+            while at < len(self.lines) and re.match(rf"\s*{VALUE}\s*=\s*phi\b", self.lines[at]):
+                at += 1
+            placed[at] = f"{self.number}.{len(self.block_counts)}"
+            self.block_counts.append(tuple(counts[c] for c in CLASSES))
+        return placed
 
     def intrinsic(self, line: str, indent: str, location: str) -> list[str]:
         m = MEM_INTRINSIC.match(line)
@@ -506,17 +659,41 @@ def internalize(line: str) -> str:
     return COMDAT_USE.sub("", f"{m.group('name')} = internal {rest}")
 
 
-def instrument(module: str) -> str:
-    """The instrumented, internalised module."""
+def source_files(module: str) -> dict[str, str]:
+    """Debug-info subprogram id -> the file that defines the function."""
+    files = {m.group(1): m.group(2) for m in map(DIFILE.match, module.split("\n")) if m}
+    return {
+        m.group(1): files.get(m.group(2), "")
+        for m in map(SUBPROGRAM.match, module.split("\n"))
+        if m
+    }
+
+
+def instrument(module: str, uncounted: str | None = None) -> str:
+    """The instrumented, internalised module.
+
+    Instructions are counted in the functions with debug information whose
+    file is not under `uncounted` (the shim's directory); None counts none.
+    """
     layout = DataLayout(module)
+    files = source_files(module) if uncounted is not None else {}
     lines = module.split("\n")
     out: list[str] = []
+    counts: list[str] = []
     body: list[str] | None = None
+    counted, functions = False, 0
     for line in lines:
         if body is not None:
             if line.startswith("}"):
-                out += Function(body, layout).instrument()
+                function = Function(body, layout, counted, functions)
+                functions += 1
+                out += function.instrument()
                 out.append(line)
+                counts += [
+                    f"@msim.counts.{function.number}.{i} = private unnamed_addr constant "
+                    f"[{len(CLASSES)} x i64] [{', '.join(f'i64 {n}' for n in block)}]"
+                    for i, block in enumerate(function.block_counts)
+                ]
                 body = None
             else:
                 body.append(line)
@@ -527,4 +704,7 @@ def instrument(module: str) -> str:
         out.append(line)
         if line.startswith("define ") and line.rstrip().endswith("{"):
             body = []
-    return "\n".join(out) + "\n" + HOOKS
+            debug = DEFINE_DEBUG.search(line)
+            source = files.get(debug.group(1), "") if debug else ""
+            counted = bool(source) and not source.startswith(uncounted or "")
+    return "\n".join(out) + "\n" + "\n".join(counts) + "\n" + HOOKS

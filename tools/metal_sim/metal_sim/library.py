@@ -149,7 +149,7 @@ class Library:
                     f"{source} does not compile for the simulator:\n{result.stderr}"
                 )
             try:
-                ir.write_text(instrument(ir.read_text()))
+                ir.write_text(instrument(ir.read_text(), str(toolchain.SHIM_INCLUDE)))
             except InstrumentError as error:
                 raise MetalCompileError(f"{source}: {error}") from error
             command = [*toolchain.clang(), *toolchain.CODEGEN_FLAGS, "-c", str(ir)]
@@ -178,19 +178,25 @@ class Library:
         self,
         name: str,
         buffers: Mapping[int, BufferValue],
-        grid: tuple[int, int, int],
-        threadgroup: tuple[int, int, int],
+        grid: tuple[int, int, int] | None = None,
+        threadgroup: tuple[int, int, int] = (1, 1, 1),
         threadgroup_memory: Mapping[int, int] | None = None,
         constants: Mapping[int, bool | int | float | np.generic] | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        threads: tuple[int, int, int] | None = None,
     ) -> DispatchResult:
-        """Runs `name` over `grid` threadgroups of `threadgroup` threads.
+        """Runs `name` over `grid` threadgroups of `threadgroup` threads
+        (dispatch_threadgroups), or over `threads` threads in threadgroups of at
+        most `threadgroup` (dispatch_threads: the threadgroups at the grid's far
+        edges are smaller).
 
         NumPy arrays are device buffers and receive the kernel's writes;
         NumPy scalars and bytes are set_bytes values (read-only).
         """
         if name not in self.names:
             raise KeyError(f"no kernel {name!r}; the library has {self.names}")
+        if (grid is None) == (threads is None):
+            raise ValueError("dispatch takes either grid (threadgroups) or threads")
         bindings = {index: _buffer_bytes(index, value) for index, value in sorted(buffers.items())}
         offsets, total = {}, 0
         for index, (_, contents) in bindings.items():
@@ -198,7 +204,7 @@ class Library:
             total += (contents.nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
         request = [
             f"kernel {name}",
-            "grid {} {} {}".format(*grid),
+            "grid {} {} {}".format(*grid) if grid else "threads {} {} {}".format(*threads),
             "threadgroup {} {} {}".format(*threadgroup),
         ]
         for index, (is_bytes, contents) in bindings.items():

@@ -50,22 +50,50 @@ DECIMAL_FLOAT = re.compile(r"((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d
 SCALARS = "bool|char|uchar|short|ushort|int|uint|long|ulong|half|bfloat|float"
 VECTOR_CONSTRUCTOR = re.compile(rf"(?<![\w:.])(?:metal::)?((?:packed_)?(?:{SCALARS})[234])\s*\(")
 # half <-> bfloat: clang refuses the direct conversion; Metal's `bfloat(h)`
-# and `static_cast<half>(b)` go through convert_element (via float, exact).
-SCALAR_CAST = re.compile(
-    r"(?<![\w:.])(?:(?:metal::)?(half|bfloat)|static_cast\s*<\s*(?:metal::)?(half|bfloat)\s*>)"
-    r"\s*\((?!\s*[&*])"
+# and `static_cast<half>(b)` go through convert_element (via float, exact),
+# also when they name the type through a typedef (MLX's `bfloat16_t`).
+HALF_TYPES = ("half", "bfloat")
+HALF_ALIAS = re.compile(
+    r"\btypedef\s+(?:metal::)?(?:half|bfloat)\s+(\w+)\s*;"
+    r"|\busing\s+(\w+)\s*=\s*(?:metal::)?(?:half|bfloat)\s*;"
 )
+
+
+def scalar_cast(names: tuple[str, ...]) -> re.Pattern[str]:
+    """`name(` and `static_cast<name>(` for the half and bfloat type names."""
+    alternatives = "|".join(names)
+    return re.compile(
+        rf"(?<![\w:.])(?:(?:metal::)?({alternatives})|static_cast\s*<\s*(?:metal::)?({alternatives})\s*>)"
+        r"\s*\((?!\s*[&*])"
+    )
+
+
+SCALAR_CAST = scalar_cast(HALF_TYPES)
 VEC_TEMPLATE = re.compile(r"(?<![\w:.])(?:metal::)?vec\s*<")
+CONVERSION_FUNCTION = re.compile(r"\boperator\s*$")
+
+
+def names_conversion_function(code: str, index: int) -> bool:
+    """Whether the type name at `index` follows `operator` (`operator half()`)."""
+    return CONVERSION_FUNCTION.search(code[max(0, index - 32) : index]) is not None
+
+
+# `constant const int64_t strides[2]` as a parameter: Metal's array
+# parameter is a pointer into that address space.
+ARRAY_PARAMETER = re.compile(
+    r"(?<=[(,])(?P<declaration>\s*(?:const\s+)?(?:device|constant|threadgroup)\b[^(),;{}\[\]]*?\w)"
+    r"\s*(?P<name>\b\w+)\s*\[[^\]]*\](?=\s*[,)])"
+)
 THREADGROUP_DECLARATION = re.compile(
     r"(?<=[;{}])(?P<before>\s*)threadgroup\s+(?P<type>[^;{}()=\[\]]*?[^;{}()=\[\]*&\s])\s+"
     r"(?P<name>\w+)\s*(?P<dims>(?:\[[^\]]*\]\s*)*);"
 )
 FUNCTION_CONSTANT = re.compile(r"(\w+)\s*\[\[\s*function_constant\s*\(\s*(\w+)\s*\)\s*\]\]")
 CLASS_HEAD = re.compile(
-    r"(?<![\w.:])(?:struct|class|union)\s+(?:(?:\[\[[^\]]*\]\]|alignas\s*\([^)]*\))\s*)*"
+    r"(?<![\w.:])(?:struct|class|union)\s+(?:(?:\[\[[^\]]*\]\]|alignas\s*\((?:[^()]|\([^()]*\))*\))\s*)*"
     r"\w+\s*(?:<[^;{}]*>\s*)?(?:final\s*)?(?::(?!:)[^;{}]*)?\{"
 )
-SCOPE_HEAD = re.compile(r"\b(?:namespace|struct|class|union)\b|^extern\s*\"C")
+NAMESPACE_HEAD = re.compile(r"\bnamespace\b|^extern\s*\"C")
 CONSTANT_DEFINED = re.compile(r"\bis_function_constant_defined\s*\(\s*(\w+)\s*\)")
 ATTRIBUTE = re.compile(r"\[\[.*?\]\]", re.S)
 HOST_NAME = (
@@ -76,6 +104,12 @@ KERNEL_DEFINITION = re.compile(
     rf"(?:{HOST_NAME})?(?:\[\[\s*kernel\s*\]\]|\bkernel\b)\s*void\s+(\w+)\s*\("
 )
 PARAMETER_ATTRIBUTE = re.compile(r"\[\[\s*(\w+)\s*(?:\(\s*([^)]*?)\s*\))?\s*(?:,[^\]]*)?\]\]")
+ACCESS_SPECIFIERS = re.compile(r"^\s*(?:(?:public|private|protected)\s*:\s*)*")
+THREAD_TWIN = r"(?: ?thread\b)?(?=[{:;=]| ?noexcept)"  # after a qualified member's head
+# `) const device {`: a member function for objects in another address space.
+SPACE_QUALIFIED_MEMBER = re.compile(
+    r"\)(?P<const>\s*const)?\s*\b(?P<space>device|threadgroup|constant)\b(?=\s*(?:[{:;=]|noexcept\b))"
+)
 
 
 class RewriteError(Exception):
@@ -145,14 +179,18 @@ def rewrite_float_literal(match: re.Match[str]) -> str:
     return token
 
 
-def rewrite_vector_constructors(code: str) -> str:
-    code = SCALAR_CAST.sub(
-        lambda m: f"::metal::convert_element<::{m.group(1) or m.group(2)}>(", code
-    )
+def rewrite_vector_constructors(code: str, scalar_casts: re.Pattern[str] = SCALAR_CAST) -> str:
+    def cast(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        if names_conversion_function(code, m.start()):
+            return m.group()
+        return f"::metal::convert_element<{'::' if name in HALF_TYPES else ''}{name}>("
+
+    code = scalar_casts.sub(cast, code)
     code = VECTOR_CONSTRUCTOR.sub(lambda m: f"::metal::make_vec<::{m.group(1)}>(", code)
     out, last = [], 0
     for m in VEC_TEMPLATE.finditer(code):
-        if m.start() < last:
+        if m.start() < last or names_conversion_function(code, m.start()):
             continue
         close = matching(code, m.end() - 1)
         after = re.match(r"\s*\(", code[close:])
@@ -227,6 +265,8 @@ class TranslationUnit:
         chunks = list(self.user_chunks())
         texts = ["\n".join(self.lines[a:b]) for a, b in chunks]
         definitions = "\n".join(texts)
+        aliases = [a or b for a, b in HALF_ALIAS.findall(definitions)]
+        self.scalar_casts = scalar_cast((*HALF_TYPES, *aliases))
         for text in texts:
             for m in FUNCTION_CONSTANT.finditer(text):
                 self.constant_indices[m.group(1)] = m.group(2)
@@ -246,6 +286,7 @@ class TranslationUnit:
             ),
             text,
         )
+        text = drop_space_qualified_members(text)
         text = add_cross_space_assignment(text)
         text = CONSTANT_DEFINED.sub(self.constant_defined, text)
         text = code_spans(text, self.rewrite_code)
@@ -259,10 +300,10 @@ class TranslationUnit:
             )
         return f"::msim::function_constant_defined({self.constant_indices[name]})"
 
-    @staticmethod
-    def rewrite_code(code: str) -> str:
+    def rewrite_code(self, code: str) -> str:
         code = PP_NUMBER.sub(rewrite_float_literal, code)
-        code = rewrite_vector_constructors(code)
+        code = rewrite_vector_constructors(code, self.scalar_casts)
+        code = ARRAY_PARAMETER.sub(lambda m: f"{m.group('declaration')}* {m.group('name')}", code)
         return THREADGROUP_DECLARATION.sub(rewrite_threadgroup_declaration, code)
 
     def entry(self, host_name: str, function: str, parameters: list[str]) -> str:
@@ -311,6 +352,72 @@ class TranslationUnit:
         return "".join(out)
 
 
+def normalized(code: str) -> str:
+    """`code` without the whitespace that does not separate two words."""
+    return re.sub(r" ?([^\w ]) ?", r"\1", re.sub(r"\s+", " ", code)).strip()
+
+
+def enclosing_body(code: str, index: int) -> tuple[int, int]:
+    """(start, end) of the innermost {...} around `index` (the whole text at top level)."""
+    depth = 0
+    for i in range(index - 1, -1, -1):
+        if code[i] == "}":
+            depth += 1
+        elif code[i] == "{":
+            if depth == 0:
+                return i, matching(code, i)
+            depth -= 1
+    return 0, len(code)
+
+
+def definition_end(code: str, index: int) -> int:
+    """End of the member declaration whose qualifier ends at `index`: past its body
+    (after a constructor's initializer list, with a `;` after it) or its `;`."""
+    depth = 0
+    for i in range(index, len(code)):
+        c = code[i]
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif depth == 0 and c == ";":
+            return i + 1
+        elif depth == 0 and c == "{" and re.search(r"(?:[)}]|^:?|\bnoexcept)\s*$", code[index:i]):
+            end = matching(code, i)
+            semicolon = re.match(r"\s*;", code[end:])  # `{};`
+            return end + semicolon.end() if semicolon else end
+    raise RewriteError(f"no end of the member declared at {code[index - 80 : index]!r}")
+
+
+def drop_space_qualified_members(text: str) -> str:
+    """Member functions qualified `device`, `threadgroup` or `constant`.
+
+    C++ has no address-space-qualified `this`: a qualified member that repeats
+    a `thread` (or unqualified) member of its class is dropped, any other
+    loses its qualifier and serves objects in the generic space.
+    """
+    code = STRING_OR_CHAR.sub(lambda m: "_" * len(m.group()), text)
+    edits: list[tuple[int, int, str]] = []
+    for m in SPACE_QUALIFIED_MEMBER.finditer(code):
+        if edits and m.start() < edits[-1][1]:
+            continue
+        body_start, body_end = enclosing_body(code, m.start())
+        head_start = max(code.rfind(c, body_start, m.start()) for c in ";{}") + 1
+        head = ACCESS_SPECIFIERS.sub("", code[head_start : m.start() + 1])
+        twin = re.escape(normalized(head + (m.group("const") or ""))) + THREAD_TWIN
+        if re.search(twin, normalized(code[body_start:body_end])):
+            end = definition_end(code, m.end())
+            edits.append((head_start, end, keep_lines(text[head_start:end], "")))
+        else:
+            edits.append((m.start("space"), m.end("space"), " " * len(m.group("space"))))
+    out, last = [], 0
+    for start, end, replacement in edits:
+        out += [text[last:start], replacement]
+        last = end
+    out.append(text[last:])
+    return "".join(out)
+
+
 def add_cross_space_assignment(text: str) -> str:
     """Puts MSIM_CROSS_SPACE_ASSIGNMENT into each class defined at namespace or class scope.
 
@@ -324,18 +431,15 @@ def add_cross_space_assignment(text: str) -> str:
         i, c = m.start(), m.group()
         if c == "{":
             head = code[statement:i].strip()
-            is_scope = bool(SCOPE_HEAD.search(head)) and "(" not in head
             class_head = heads.get(i + 1)
-            if (
-                class_head
-                and all(scopes)
-                and not re.search(
-                    r"\benum\s*$", code[max(0, class_head.start() - 16) : class_head.start()]
-                )
+            if class_head and re.search(
+                r"\benum\s*$", code[max(0, class_head.start() - 16) : class_head.start()]
             ):
+                class_head = None
+            if class_head and all(scopes):
                 out += [text[last : i + 1], " MSIM_CROSS_SPACE_ASSIGNMENT "]
                 last = i + 1
-            scopes.append(is_scope)
+            scopes.append(class_head is not None or bool(NAMESPACE_HEAD.search(head)))
         elif c == "}" and scopes:
             scopes.pop()
         statement = i + 1

@@ -52,6 +52,7 @@ KERNEL_FLAGS = [
     "-fsanitize=shift-exponent,integer-divide-by-zero",
     "-fno-sanitize-recover=all",
     "-Wno-unknown-attributes",
+    "-Wno-duplicate-decl-specifier",  # `const constant T`: constant implies const
     "-Wno-unknown-pragmas",
     "-Wno-unused-command-line-argument",
 ]

@@ -19,6 +19,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -84,8 +85,12 @@ struct BufferBinding {
 struct Request {
   std::string kernel;
   std::string data_path;
-  unsigned grid[3] = {1, 1, 1};
+  unsigned grid[3] = {1, 1, 1};  // threadgroups
   unsigned threadgroup[3] = {1, 1, 1};
+  // dispatch_threads: the grid in threads; edge threadgroups hold only the
+  // threads inside it (Metal's non-uniform threadgroups).
+  bool grid_in_threads = false;
+  unsigned threads[3] = {0, 0, 0};
   std::vector<BufferBinding> buffers;
   std::map<unsigned, size_t> threadgroup_memory;
   std::map<unsigned, std::string> constants;
@@ -117,6 +122,9 @@ __attribute__((constructor(101))) void read_request() {
       sscanf(rest, "%u %u %u", &r.grid[0], &r.grid[1], &r.grid[2]);
     } else if (name == "threadgroup") {
       sscanf(rest, "%u %u %u", &r.threadgroup[0], &r.threadgroup[1], &r.threadgroup[2]);
+    } else if (name == "threads") {
+      sscanf(rest, "%u %u %u", &r.threads[0], &r.threads[1], &r.threads[2]);
+      r.grid_in_threads = true;
     } else if (name == "buffer") {
       BufferBinding b{};
       char kind[16];
@@ -160,7 +168,12 @@ struct Region {
   uint64_t bytes_read = 0, bytes_written = 0;
 };
 
+// Instruction classes, as instrument.py's CLASSES orders __msim_count's array.
+constexpr const char* kInstructionClasses[] = {"float", "integer", "conversion", "memory", "control", "other"};
+constexpr size_t kInstructionClassCount = std::size(kInstructionClasses);
+
 struct Counters {
+  uint64_t instructions[kInstructionClassCount] = {};
   uint64_t threadgroup_bytes_read = 0, threadgroup_bytes_written = 0;
   uint64_t threadgroup_barriers = 0, simdgroup_barriers = 0, simd_collectives = 0;
   uint64_t simdgroup_matrix_ops = 0, matmul2d_runs = 0;
@@ -179,8 +192,9 @@ struct State {
   size_t arena_size = 0, arena_used = 0, threadgroup_bytes = 0;
   Counters counters;
   unsigned threadgroup_position[3] = {0, 0, 0};
-  unsigned threads_per_threadgroup = 0;
-  std::vector<Fiber> fibers;
+  unsigned threads_per_threadgroup = 0;  // of the current threadgroup
+  unsigned group_size[3] = {0, 0, 0};    // its extent (smaller at a dispatch_threads edge)
+  std::vector<Fiber> fibers;             // its threads are the first threads_per_threadgroup
   Fiber* current = nullptr;
   void* scheduler_sp = nullptr;
   uint32_t threadgroup_epoch = 0;
@@ -413,15 +427,20 @@ void release(std::vector<Fiber*>& group, const char* kind) {
   for (Fiber* f : group) f->waiting = false;
 }
 
+std::span<Fiber> threadgroup_fibers() {
+  State& s = state();
+  return {s.fibers.data(), s.threads_per_threadgroup};
+}
+
 // Called when no fiber can run: releases whole simdgroups first, then a
 // threadgroup-wide point; anything else is divergence.
 void resolve() {
   State& s = state();
   bool released = false;
-  for (unsigned begin = 0; begin < s.fibers.size(); begin += kSimdWidth) {
+  for (unsigned begin = 0; begin < s.threads_per_threadgroup; begin += kSimdWidth) {
     std::vector<Fiber*> lanes;
     bool simd_wait = false;
-    for (unsigned i = begin; i < std::min<size_t>(begin + kSimdWidth, s.fibers.size()); ++i) {
+    for (unsigned i = begin; i < std::min(begin + kSimdWidth, s.threads_per_threadgroup); ++i) {
       lanes.push_back(&s.fibers[i]);
       simd_wait |= !s.fibers[i].done && s.fibers[i].scope == Scope::simdgroup_wide;
     }
@@ -431,7 +450,7 @@ void resolve() {
   }
   if (released) return;
   std::vector<Fiber*> all;
-  for (Fiber& f : s.fibers) all.push_back(&f);
+  for (Fiber& f : threadgroup_fibers()) all.push_back(&f);
   release(all, "threadgroup barrier");
 }
 
@@ -444,20 +463,20 @@ void run_threadgroup() {
   s.threadgroup_bytes = 0;
   s.threadgroup_epoch = 0;
   std::fill(s.simdgroup_epochs.begin(), s.simdgroup_epochs.end(), 0);
-  for (Fiber& f : s.fibers) start_fiber(f);
+  for (Fiber& f : threadgroup_fibers()) start_fiber(f);
   for (;;) {
     bool any_waiting = false;
-    for (Fiber& f : s.fibers) {
+    for (Fiber& f : threadgroup_fibers()) {
       if (f.done || f.waiting) continue;
       s.current = &f;
       msim_switch(&s.scheduler_sp, f.sp);
     }
-    for (Fiber& f : s.fibers) any_waiting |= !f.done;
+    for (Fiber& f : threadgroup_fibers()) any_waiting |= !f.done;
     if (!any_waiting) break;
     resolve();
   }
   ++s.counters.threadgroups;
-  s.counters.threads += s.fibers.size();
+  s.counters.threads += s.threads_per_threadgroup;
 }
 
 // ---------------------------------------------------------------- crashes
@@ -514,13 +533,16 @@ void write_counters(std::ostream& out) {
       << ", \"threadgroup_barriers\": " << c.threadgroup_barriers
       << ", \"simdgroup_barriers\": " << c.simdgroup_barriers << ", \"simd_collectives\": " << c.simd_collectives
       << ", \"simdgroup_matrix_ops\": " << c.simdgroup_matrix_ops << ", \"matmul2d_runs\": " << c.matmul2d_runs
-      << ", \"threadgroups\": " << c.threadgroups << ", \"threads\": " << c.threads << "}}\n";
+      << ", \"threadgroups\": " << c.threadgroups << ", \"threads\": " << c.threads << ", \"instructions\": {";
+  for (size_t i = 0; i < kInstructionClassCount; ++i)
+    out << (i ? ", " : "") << "\"" << kInstructionClasses[i] << "\": " << c.instructions[i];
+  out << "}}}\n";
 }
 
 int run() {
   install_signal_handlers();
   State& s = state();
-  const Request& r = request();
+  Request& r = request();
   auto kernel = std::find_if(kernels().begin(), kernels().end(),
                              [&](const Kernel& k) { return r.kernel == k.host_name; });
   if (kernel == kernels().end()) report_error("no kernel named " + r.kernel);
@@ -529,6 +551,8 @@ int run() {
   unsigned threads = r.threadgroup[0] * r.threadgroup[1] * r.threadgroup[2];
   if (threads == 0 || threads > kMaxThreadsPerThreadgroup)
     report_error("threadgroup size " + std::to_string(threads) + " is not in 1..1024");
+  if (r.grid_in_threads)
+    for (int i = 0; i < 3; ++i) r.grid[i] = (r.threads[i] + r.threadgroup[i] - 1) / r.threadgroup[i];
 
   FILE* data = fopen(r.data_path.c_str(), "r+b");
   if (!data) report_error("simulator: cannot open " + r.data_path);
@@ -553,7 +577,6 @@ int run() {
     s.fibers[i].stack = stacks + i * (kFiberStack + 4096) + 4096;
     mprotect(s.fibers[i].stack - 4096, 4096, PROT_NONE);
   }
-  s.threads_per_threadgroup = threads;
   s.simdgroup_epochs.assign((threads + kSimdWidth - 1) / kSimdWidth, 0);
 
   s.checking = true;
@@ -561,6 +584,13 @@ int run() {
     for (unsigned y = 0; y < r.grid[1]; ++y)
       for (unsigned x = 0; x < r.grid[0]; ++x) {
         s.threadgroup_position[0] = x, s.threadgroup_position[1] = y, s.threadgroup_position[2] = z;
+        s.threads_per_threadgroup = 1;
+        for (int i = 0; i < 3; ++i) {
+          unsigned extent = r.threadgroup[i];
+          if (r.grid_in_threads) extent = std::min(extent, r.threads[i] - s.threadgroup_position[i] * extent);
+          s.group_size[i] = extent;
+          s.threads_per_threadgroup *= extent;
+        }
         run_threadgroup();
       }
   s.checking = false;
@@ -640,8 +670,9 @@ void builtin_value(Builtin builtin, unsigned value[3]) {
   State& s = state();
   const Request& r = request();
   const unsigned* tg = r.threadgroup;
+  const unsigned* size = s.group_size;
   unsigned index = s.current->index;
-  unsigned local[3] = {index % tg[0], index / tg[0] % tg[1], index / (tg[0] * tg[1])};
+  unsigned local[3] = {index % size[0], index / size[0] % size[1], index / (size[0] * size[1])};
   auto set = [&](unsigned x, unsigned y, unsigned z) { value[0] = x, value[1] = y, value[2] = z; };
   const unsigned* group = s.threadgroup_position;
   switch (builtin) {
@@ -650,9 +681,14 @@ void builtin_value(Builtin builtin, unsigned value[3]) {
       break;
     case Builtin::thread_position_in_threadgroup: set(local[0], local[1], local[2]); break;
     case Builtin::threadgroup_position_in_grid: set(group[0], group[1], group[2]); break;
-    case Builtin::threads_per_threadgroup: set(tg[0], tg[1], tg[2]); break;
+    case Builtin::threads_per_threadgroup: set(size[0], size[1], size[2]); break;
     case Builtin::threadgroups_per_grid: set(r.grid[0], r.grid[1], r.grid[2]); break;
-    case Builtin::threads_per_grid: set(r.grid[0] * tg[0], r.grid[1] * tg[1], r.grid[2] * tg[2]); break;
+    case Builtin::threads_per_grid:
+      if (r.grid_in_threads)
+        set(r.threads[0], r.threads[1], r.threads[2]);
+      else
+        set(r.grid[0] * tg[0], r.grid[1] * tg[1], r.grid[2] * tg[2]);
+      break;
     case Builtin::thread_index_in_threadgroup: set(index, 0, 0); break;
     case Builtin::thread_index_in_simdgroup: set(index % kSimdWidth, 0, 0); break;
     case Builtin::simdgroup_index_in_threadgroup: set(index / kSimdWidth, 0, 0); break;
@@ -706,6 +742,13 @@ extern "C" void __msim_copy(uintptr_t destination, uintptr_t source, size_t size
   std::vector<uint8_t> uninitialized(size, 0);
   msim::check_access(source, size, false, __builtin_return_address(0), &uninitialized);
   msim::check_access(destination, size, true, __builtin_return_address(0), &uninitialized);
+}
+
+// Instructions of one executed basic block, by class (see instrument.py).
+extern "C" void __msim_count(const uint64_t* counts) {
+  msim::State& s = msim::state();
+  if (!s.checking) return;
+  for (size_t i = 0; i < msim::kInstructionClassCount; ++i) s.counters.instructions[i] += counts[i];
 }
 
 // -fsanitize=shift-exponent,integer-divide-by-zero handlers (clang's UBSan

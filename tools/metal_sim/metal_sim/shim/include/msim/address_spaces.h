@@ -5,7 +5,8 @@
 #pragma once
 
 #define device __attribute__((address_space(1)))
-#define constant __attribute__((address_space(2)))
+// Metal's constant memory is read-only: `constant int&` is `const constant int&`.
+#define constant const __attribute__((address_space(2)))
 #define threadgroup __attribute__((address_space(3)))
 #define threadgroup_imageblock __attribute__((address_space(3)))
 #define thread

@@ -3,6 +3,7 @@
 
 #include "kernel.h"
 #include "math.h"
+#include "private_builtins.h"
 #include "simdgroup_matrix.h"
 #include "sync.h"
 #include "types.h"

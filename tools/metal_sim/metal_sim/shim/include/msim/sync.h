@@ -102,23 +102,63 @@ METAL_FUNC T reduction(T x, const char* what, msim::SourceLoc where) {
   return slot.value;
 }
 
-template <class T, bool Inclusive>
-void prefix_sum(void* const* lanes, uint) {
-  T running = T(0);
+// Running `Op` over the lanes in order, starting from `Op`'s identity.
+template <class T, bool Inclusive, class Op>
+void prefix(void* const* lanes, uint) {
+  T running = T(Op::identity);
   for (uint i = 0; i < kWidth; ++i) {
     if (!lanes[i]) continue;
     auto* slot = static_cast<Slot<T>*>(lanes[i]);
     T value = slot->value;
-    slot->value = Inclusive ? running + value : running;
-    running += value;
+    T next = Op{}(running, value);
+    slot->value = Inclusive ? next : running;
+    running = next;
   }
 }
 
+// simd_shuffle_and_fill_down/up: lane l of each aligned group of `modulo`
+// lanes reads lane l + delta (l - delta) of `data`; past the group's end
+// (start) it reads the wrapped-around lane of `filling`.
+template <class T>
+struct FillSlot {
+  T value, filling;
+  uint source;
+  bool from_filling;
+};
+
+template <class T>
+void exchange_and_fill(void* const* lanes, uint) {
+  T values[kWidth], fillings[kWidth];
+  for (uint i = 0; i < kWidth; ++i)
+    if (lanes[i]) {
+      auto* slot = static_cast<FillSlot<T>*>(lanes[i]);
+      values[i] = slot->value, fillings[i] = slot->filling;
+    }
+  for (uint i = 0; i < kWidth; ++i) {
+    if (!lanes[i]) continue;
+    auto* slot = static_cast<FillSlot<T>*>(lanes[i]);
+    if (lanes[slot->source]) slot->value = (slot->from_filling ? fillings : values)[slot->source];
+  }
+}
+
+template <class T>
+METAL_FUNC T shuffle_and_fill(T data, T filling, int delta, uint modulo, const char* what, msim::SourceLoc where) {
+  uint lane = msim::simd_lane();
+  uint base = lane / modulo * modulo;
+  int offset = int(lane - base) + delta;
+  bool from_filling = offset < 0 || offset >= int(modulo);
+  FillSlot<T> slot{data, filling, base + uint((offset + int(modulo)) % int(modulo)), from_filling};
+  msim::synchronize(msim::Scope::simdgroup_wide, what, exchange_and_fill<T>, &slot, where);
+  return slot.value;
+}
+
 struct Sum {
+  static constexpr int identity = 0;
   template <class T>
   T operator()(T a, T b) const { return a + b; }
 };
 struct Product {
+  static constexpr int identity = 1;
   template <class T>
   T operator()(T a, T b) const { return a * b; }
 };
@@ -130,17 +170,28 @@ struct Min {
   template <class T>
   T operator()(T a, T b) const { return metal::min(a, b); }
 };
+// Bitwise operations; on floating-point values (MLX's bfloat simd_xor passes
+// float) they act on the representation.
+template <class T, class F>
+METAL_FUNC T bitwise(T a, T b, F f) {
+  if constexpr (is_floating_point_v<T>) {
+    using Bits = conditional_t<sizeof(T) == 2, ushort, conditional_t<sizeof(T) == 4, uint, ulong>>;
+    return as_type<T>(Bits(f(as_type<Bits>(a), as_type<Bits>(b))));
+  } else {
+    return f(a, b);
+  }
+}
 struct And {
   template <class T>
-  T operator()(T a, T b) const { return a & b; }
+  T operator()(T a, T b) const { return bitwise(a, b, [](auto x, auto y) { return x & y; }); }
 };
 struct Or {
   template <class T>
-  T operator()(T a, T b) const { return a | b; }
+  T operator()(T a, T b) const { return bitwise(a, b, [](auto x, auto y) { return x | y; }); }
 };
 struct Xor {
   template <class T>
-  T operator()(T a, T b) const { return a ^ b; }
+  T operator()(T a, T b) const { return bitwise(a, b, [](auto x, auto y) { return x ^ y; }); }
 };
 
 }  // namespace simd_detail
@@ -187,18 +238,30 @@ METAL_FUNC T simd_broadcast_first(T x, msim::SourceLoc where = msim::SourceLoc::
   return simd_detail::shuffle<32>(x, 0, "simd_broadcast_first", where);
 }
 
+#define MSIM_PREFIX(kind, inclusive, name, op)                                                  \
+  template <class T>                                                                          \
+  METAL_FUNC T simd_prefix_##kind##_##name(T x, msim::SourceLoc where = msim::SourceLoc::current()) { \
+    simd_detail::Slot<T> slot{x, 0};                                                          \
+    msim::synchronize(msim::Scope::simdgroup_wide, "simd_prefix_" #kind "_" #name,            \
+                      simd_detail::prefix<T, inclusive, simd_detail::op>, &slot, where);      \
+    return slot.value;                                                                        \
+  }
+MSIM_PREFIX(inclusive, true, sum, Sum)
+MSIM_PREFIX(exclusive, false, sum, Sum)
+MSIM_PREFIX(inclusive, true, product, Product)
+MSIM_PREFIX(exclusive, false, product, Product)
+#undef MSIM_PREFIX
+
 template <class T>
-METAL_FUNC T simd_prefix_inclusive_sum(T x, msim::SourceLoc where = msim::SourceLoc::current()) {
-  simd_detail::Slot<T> slot{x, 0};
-  msim::synchronize(msim::Scope::simdgroup_wide, "simd_prefix_inclusive_sum", simd_detail::prefix_sum<T, true>, &slot, where);
-  return slot.value;
+METAL_FUNC T simd_shuffle_and_fill_down(T data, T filling, ushort delta, ushort modulo = 32,
+                                        msim::SourceLoc where = msim::SourceLoc::current()) {
+  return simd_detail::shuffle_and_fill(data, filling, delta, modulo, "simd_shuffle_and_fill_down", where);
 }
 
 template <class T>
-METAL_FUNC T simd_prefix_exclusive_sum(T x, msim::SourceLoc where = msim::SourceLoc::current()) {
-  simd_detail::Slot<T> slot{x, 0};
-  msim::synchronize(msim::Scope::simdgroup_wide, "simd_prefix_exclusive_sum", simd_detail::prefix_sum<T, false>, &slot, where);
-  return slot.value;
+METAL_FUNC T simd_shuffle_and_fill_up(T data, T filling, ushort delta, ushort modulo = 32,
+                                      msim::SourceLoc where = msim::SourceLoc::current()) {
+  return simd_detail::shuffle_and_fill(data, filling, -int(delta), modulo, "simd_shuffle_and_fill_up", where);
 }
 
 METAL_FUNC bool simd_all(bool x, msim::SourceLoc where = msim::SourceLoc::current()) {
@@ -210,9 +273,3 @@ METAL_FUNC bool simd_any(bool x, msim::SourceLoc where = msim::SourceLoc::curren
 }
 
 }  // namespace metal
-
-// MLX reads the lane index through this compiler intrinsic.
-template <class T>
-METAL_FUNC T __metal_get_thread_index_in_simdgroup(T) {
-  return static_cast<T>(msim::simd_lane());
-}

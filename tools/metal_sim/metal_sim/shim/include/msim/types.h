@@ -81,6 +81,8 @@ using std::false_type;
 using std::integral_constant;
 using std::is_const;
 using std::is_const_v;
+using std::is_convertible;
+using std::is_convertible_v;
 using std::is_integral;
 using std::is_integral_v;
 using std::is_pointer;
@@ -104,7 +106,6 @@ using std::remove_pointer_t;
 using std::remove_reference;
 using std::remove_reference_t;
 using std::true_type;
-using std::void_t;
 template <bool B>
 using bool_constant = std::integral_constant<bool, B>;
 
@@ -144,7 +145,7 @@ using remove_addrspace_t = typename remove_addrspace<T>::type;
 // Element conversion as Metal's explicit casts do it; clang refuses a
 // direct half <-> bfloat cast, so those go through float (exact).
 template <class To, class From>
-METAL_FUNC To convert_element(From x) {
+METAL_FUNC constexpr To convert_element(From x) {
   if constexpr ((is_same_v<To, bfloat> && is_same_v<From, half>) ||
                 (is_same_v<To, half> && is_same_v<From, bfloat>))
     return static_cast<To>(static_cast<float>(x));
@@ -163,13 +164,16 @@ METAL_FUNC void append_components(thread V& out, thread int& next, A arg) {
   }
 }
 
-// `float4(...)`-style construction: a splat, an element-type conversion, or
-// a concatenation of scalars and vectors (the rewriter maps the syntax here).
+// `float4(...)`-style construction: a splat, an element-type conversion, a
+// class's conversion to the vector, or a concatenation of scalars and vectors
+// (the rewriter maps the syntax here).
 template <class V, class... A>
 METAL_FUNC V make_vec(A... args) {
   constexpr int n = vec_info<V>::size;
   V out{};
-  if constexpr (sizeof...(A) == 1 && (vec_info<A>::size + ...) == 1) {
+  if constexpr (sizeof...(A) == 1 && (std::is_class_v<A> && ...)) {
+    return V(args...);  // a class's conversion function (`operator float2()`)
+  } else if constexpr (sizeof...(A) == 1 && (vec_info<A>::size + ...) == 1) {
     for (int i = 0; i < n; ++i)
       out[i] = convert_element<typename vec_info<V>::element>(args...);
   } else if constexpr (sizeof...(A) > 0) {
