@@ -7,10 +7,11 @@ once), and the multiply-accumulates the matrix units issue per output element
 (K of them are useful; the rest is zero padding of partial tiles).
 
 What to expect: the decode kernels read every weight and scale byte once
-(x is re-read by every simdgroup: caches absorb it on hardware); an MMA
+(x once per simdgroup of 4 output rows: caches absorb it on hardware); an MMA
 kernel reads W ceil(M / BM) times and x ceil(N / 32) times, a NAX kernel
 (generation-17 GPU) W ceil(M / BM) times and x ceil(N / 64) times, nothing
-twice inside a tile.
+twice inside a tile. Where the plan splits K (few tiles for the GPU's cores),
+the float32 partial sums are written once and read back once (``partials``).
 
 ``python -m mlx_fpqmm.bench_metal --vs-mlx`` runs MLX's own fp-quantized kernels
 (mlx_fpqmm.mlx_metal: its headers from the mlx-metal wheel, its host code's
@@ -78,8 +79,11 @@ def measure(mode, transpose, kernel, M, N, K):
         if kind != "operand":
             continue
         counted = run.counters["buffers"][index]
-        moved = counted["bytes_written"] if name == "y" else counted["bytes_read"]
-        rows.append((name, moved, counted, compulsory[name]))
+        if name == "partials":  # split K's float32 temporary: written, then read back
+            moved = counted["bytes_written"] + counted["bytes_read"]
+        else:
+            moved = counted["bytes_written"] if name == "y" else counted["bytes_read"]
+        rows.append((name, moved, counted, compulsory.get(name)))
     return run, rows
 
 
@@ -87,6 +91,8 @@ def expected_multiple(plan, name, M, N):
     """How many times the tiling says a buffer moves (None: not a tiling bound)."""
     if name == "y":
         return 1
+    if name == "partials":
+        return None
     if not plan["block_m"]:  # the decode kernels: every weight byte once
         return 1 if name in ("w", "scales") else None
     if name in ("w", "scales"):
@@ -106,9 +112,10 @@ def report(cases) -> str:
         for i, (buffer, moved, counted, compulsory) in enumerate(rows):
             unique = counted["unique_bytes_written" if buffer == "y" else "unique_bytes_read"]
             expected = expected_multiple(run.plan, buffer, M, N)
+            ratio = f"{moved / compulsory:.2f}" if compulsory else ""
             lines.append(
                 f"{name if i == 0 else '':34} {M:>4} {N:>4} {K:>5}  {buffer:7} {moved:>9} "
-                f"{unique:>9} {compulsory:>10} {moved / compulsory:>6.2f} "
+                f"{unique:>9} {compulsory or '':>10} {ratio:>6} "
                 f"{'' if expected is None else expected:>6}"
                 + (f"  {macs:.0f}" if i == 0 and macs else "")
             )
@@ -221,6 +228,7 @@ def per_output(counters: dict[str, Any], outputs: int) -> dict[str, float]:
     row["threadgroups"] = counters["threadgroups"]
     for name, count in counters["instructions"].items():
         row[name] = count / outputs
+    row["instructions"] = sum(counters["instructions"].values()) / outputs
     return row
 
 
@@ -260,13 +268,21 @@ def our_row(x, w_q, scales, mode: str, device: mlx_metal.Device, kernel: str) ->
     run = run_metal(
         x, w_q, scales, mode=mode, device=device.architecture, macos=macos, kernel=kernel
     )
-    names = {i: name for i, (kind, name) in run.plan["buffers"].items() if kind == "operand"}
+    bindings = [run.plan["buffers"]]
+    if run.plan["reduction"] is not None:
+        bindings.append(run.plan["reduction"]["buffers"])
+    names = [{i: name for i, (kind, name) in b.items() if kind == "operand"} for b in bindings]
+    dispatches = run.counters.get("dispatches", [run.counters])
+    # the family and tile; the row already names the format and dtype
+    kernel = re.sub(r"^fpqmm_|_e(2m1|4m3)_\w+$", "", run.plan["kernel"])
+    if run.plan["reduction"] is not None:
+        kernel += f" x{run.plan['split_k']} +sum"
     return {
         "side": "ours",
-        "kernel": run.plan["kernel"],
+        "kernel": kernel,
         "nax": run.plan["path"] == "nax",
         "y": run.y,
-        "counters": sum_counters([(run.counters, names)]),
+        "counters": sum_counters(list(zip(dispatches, names, strict=True))),
     }
 
 
@@ -315,7 +331,7 @@ COLUMNS = [
     ("tgbar", "threadgroup_barriers"), ("sgbar", "simdgroup_barriers"),
     ("simd", "simd_collectives"), ("MAC", "matrix_macs"), ("TGs", "threadgroups"),
     ("fp", "float"), ("int", "integer"), ("cvt", "conversion"), ("mem", "memory"),
-    ("ctl", "control"), ("oth", "other"),
+    ("ctl", "control"), ("oth", "other"), ("instr", "instructions"),
 ]  # fmt: skip
 
 
@@ -336,8 +352,9 @@ def vs_mlx_report(rows: list[dict[str, Any]]) -> str:
         "written; tgbar/sgbar: threadgroup/simdgroup barriers completed (one per group); "
         "simd: SIMD-group collectives; MAC: simdgroup-matrix and matmul2d multiply-adds; "
         "TGs: threadgroups launched (total); fp/int/cvt/mem/ctl/oth: instructions executed "
-        "by class (all threads); error: max |y - ref| / max sum |x w|. Each side's pick "
-        "as its library plans it; (forced): its NAX kernel where it picked another."
+        "by class (all threads), instr: their sum; error: max |y - ref| / max sum |x w|. "
+        "Each side's pick as its library plans it; (forced): its NAX kernel where it picked "
+        "another."
     )
     return "\n".join(lines)
 

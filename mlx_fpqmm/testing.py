@@ -149,6 +149,10 @@ def _combined_counters(dispatches: list[dict[str, Any]]) -> dict[str, Any]:
                     for field, amount in counted.items():
                         combine = max if field == "size" else sum
                         slot[field] = combine((slot[field], amount))
+            elif key == "instructions":
+                into = combined.setdefault(key, dict.fromkeys(value, 0))
+                for kind, count in value.items():
+                    into[kind] += count
             elif isinstance(value, (int, float)):
                 combined[key] = combined.get(key, 0) + value
     return combined
