@@ -21,6 +21,7 @@ the dot products, so its results are inexact in the activations.
 from __future__ import annotations
 
 import ctypes
+import sys
 from types import ModuleType
 
 import numpy as np
@@ -29,6 +30,9 @@ INSTALL_HINT = "pip install 'mlx-fpqmm[bench]' (builds ggml-python from source)"
 GGML_TYPES = {"mxfp4": "GGML_TYPE_MXFP4", "nvfp4": "GGML_TYPE_NVFP4"}
 """Our modes that ggml has, with the name of ggml's type for each."""
 ACTIVATION_BLOCK = 32  # q8_0: one float16 scale per 32 activations
+
+
+_log_callback = None  # ggml's log callback, kept alive while ggml may call it
 
 
 class GgmlUnavailable(RuntimeError):
@@ -44,6 +48,15 @@ def load() -> ModuleType:
     # PyPI's unrelated "ggml" package shares the import name.
     if not hasattr(ggml, "ggml_backend_cpu_init") or not hasattr(ggml, "GGML_TYPE_NVFP4"):
         raise GgmlUnavailable(f"the importable 'ggml' is not ggml-python 0.0.45; {INSTALL_HINT}")
+    global _log_callback
+    if _log_callback is None:
+        # ggml logs every tensor it repacks; keep only its warnings and errors.
+        def log(level: int, text: bytes, _: object) -> None:
+            if level in (ggml.GGML_LOG_LEVEL_WARN, ggml.GGML_LOG_LEVEL_ERROR):
+                sys.stderr.write(text.decode(errors="replace"))
+
+        _log_callback = ggml.ggml_log_callback(log)
+        ggml.ggml_log_set(_log_callback, None)
     return ggml
 
 
