@@ -47,6 +47,7 @@ SMALL_M = 16  # rows up to this many are compared with M = 1 and cycle their wei
 MODES = ("mxfp4", "nvfp4", "mxfp8")
 DTYPES = ("float32", "bfloat16")
 L3_BYTES = 32 << 20
+MAX_REPS = 1000  # timed calls of ours or ggml within --min-time
 TAIL_N = 2048
 TAIL_KS = (2816, 2848, 2880, 2944, 3008, 3072)
 
@@ -233,9 +234,7 @@ def bench_ggml(M: int, weights: Weights, args: argparse.Namespace) -> GgmlTimes:
             continue
         with matmul:
             matmul.set_x(x)
-            # ggml's threads spin at its barriers, which a busy machine stalls
-            # for a time slice: the best of many calls over a longer while.
-            timing = measure(matmul.run, args.reps, min_time=args.ggml_time, max_reps=1000)
+            timing = measure(matmul.run, args.reps, args.min_time, MAX_REPS)
         if repack:
             times.repacked = timing
         else:
@@ -261,7 +260,7 @@ def bench_row(
     x = mx.random.normal((M, K)).astype(dtype)
     mx.eval(x)
     ours = time_ours(x, weights)
-    result = measure(ours, args.reps)
+    result = measure(ours, args.reps, args.min_time, MAX_REPS)
     idle = after_idle(ours, 1, args.idle) if M == 1 and args.idle > 0 else None
 
     def mlx_qmm() -> None:
@@ -363,20 +362,20 @@ def format_row(row: Row, vs_ggml: bool = False) -> str:
     )
 
 
-def legend(vs_ggml: bool, ggml_time: float = 1.0) -> str:
+def legend(vs_ggml: bool, min_time: float = 1.0) -> str:
     text = (
-        "ms: best of the timed calls; spread: median / best; GB/s: quantized weight bytes "
-        "per second; t/t1: time / the M=1 time (M <= 16); idle: the first call after "
-        "a pause / the steady best (M=1); x: speedup of ours over the baseline on its left; "
-        "~: extrapolated in M; ours/np: NumPy float32 dense time / ours"
+        f"ms: best of the calls in {min_time:g} s (ours, ggml; at least --reps calls); "
+        "spread: median / best; GB/s: quantized weight bytes per second; t/t1: time / the "
+        "M=1 time (M <= 16); idle: the first call after a pause / the steady best (M=1); "
+        "x: speedup of ours over the baseline on its left; ~: extrapolated in M; ours/np: "
+        "NumPy float32 dense time / ours"
     )
     if vs_ggml:
         text += (
             "\nggml*: ggml's CPU backend with inexact activations (it rounds x to 8 bits, "
             "q8_0, and takes float32 x for every dtype), same threads; plain: its vec_dot "
-            "kernels; rp: weights in its CPU_REPACK buffer type, as llama.cpp loads them; "
-            f"best of up to 1000 calls in {ggml_time:g} s. Each library quantized the same "
-            "float matrix with its own quantizer."
+            "kernels; rp: weights in its CPU_REPACK buffer type, as llama.cpp loads them. "
+            "Each library quantized the same float matrix with its own quantizer."
         )
     return text
 
@@ -725,11 +724,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also time ggml's CPU backend (mxfp4, nvfp4; needs the bench extra's ggml-python)",
     )
     parser.add_argument(
-        "--ggml-time",
+        "--min-time",
         type=float,
         default=1.0,
-        help="--vs-ggml: seconds of calls to take ggml's best of (its threads spin-wait, "
-        "so a busy machine stalls some calls)",
+        help=f"seconds of timed calls (up to {MAX_REPS}) that ours and ggml's best are taken "
+        "from: on a busy machine, more calls find a quiet moment",
     )
     parser.add_argument(
         "--tails", action="store_true", help="time the K-tail table (M=1) instead of the rows"
@@ -845,7 +844,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         progress.write("\x1b[2K")
         print(format_row(row, vs_ggml), file=out, flush=True)
-    print(legend(vs_ggml, args.ggml_time), file=out)
+    print(legend(vs_ggml, args.min_time), file=out)
     for line in targets(rows, bandwidth, sgemm):
         print(line, file=out)
     write_json(args, {**document, "rows": [asdict(r) for r in rows]})

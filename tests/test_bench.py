@@ -9,7 +9,7 @@ import pytest
 from mlx_fpqmm import _ggml, bench
 
 TINY = ["--reps", "1", "--mlx-budget", "0", "--idle", "0.01", "--cycle-bytes", "65536"]
-TINY += ["--ggml-time", "0.01"]
+TINY += ["--min-time", "0.01"]
 
 
 def columns(line: str) -> list[int]:
