@@ -7,6 +7,15 @@ same run: the memory read bandwidth (a streaming read on every core) and the
 NumPy sgemm rate. Slow MLX baselines are measured where they fit a time budget
 and extrapolated linearly in M beyond it (marked ``~``).
 
+``--vs-ggml`` adds ggml's CPU backend (the engine of llama.cpp, from the
+``ggml-python`` package of the ``bench`` extra) for the modes ggml has
+(mxfp4, nvfp4), with the same threads: its plain kernels and its repacked
+weights (the CPU_REPACK buffer type llama.cpp loads weights into). ggml
+rounds the activations to 8 bits, so its columns are inexact in x.
+
+``--tails`` times M = 1 products over a set of K (the K-tail table): time per
+weight byte and its ratio to the best K of the set.
+
 ``--moe`` times the mixture-of-experts product instead: ``gather_qmm`` against
 ``mx.gather_qmm`` for one expert projection (a gpt-oss-20b-like one by
 default: 32 experts of 2880 x 2880, top 4), with fresh random routing on every
@@ -30,12 +39,17 @@ import mlx.core as mx
 import numpy as np
 
 import mlx_fpqmm
+from mlx_fpqmm import _ggml
 
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
-ROWS = (1, 8, 32, 128, 512)
+ROWS = (1, 2, 4, 8, 16, 32, 128, 512)
+SMALL_M = 16  # rows up to this many are compared with M = 1 and cycle their weights
 MODES = ("mxfp4", "nvfp4", "mxfp8")
 DTYPES = ("float32", "bfloat16")
 L3_BYTES = 32 << 20
+MAX_REPS = 1000  # timed calls of ours or ggml within --min-time
+TAIL_N = 2048
+TAIL_KS = (2816, 2848, 2880, 2944, 3008, 3072)
 
 
 @dataclass
@@ -46,6 +60,15 @@ class Timing:
 
     def ms(self) -> str:
         return f"{'~' if self.estimated else ''}{self.best * 1e3:.3g}"
+
+
+@dataclass
+class GgmlTimes:
+    """ggml's time for one product, plain and with repacked weights (None: not run)."""
+
+    plain: Timing | None
+    repacked: Timing | None
+    notes: list[str] = field(default_factory=list)  # why a column is missing
 
 
 @dataclass
@@ -61,6 +84,8 @@ class Row:
     mlx_dequant_matmul: Timing | None
     numpy_f32: Timing
     derived: dict[str, float] = field(default_factory=dict)
+    after_idle: Timing | None = None  # M = 1: the first call after a pause
+    ggml: GgmlTimes | None = None
 
 
 def measure(
@@ -127,6 +152,98 @@ class Extrapolator:
         return t1 + slope * (M - m1)
 
 
+def threads_used() -> int:
+    """The threads our CPU kernels run on (MLX_FPQMM_NUM_THREADS, else every core)."""
+    configured = os.environ.get("MLX_FPQMM_NUM_THREADS", "")
+    return int(configured) if configured.isdigit() and int(configured) > 0 else os.cpu_count() or 1
+
+
+def copies_to_cycle(M: int, weight_bytes: int, args: argparse.Namespace) -> int:
+    """Copies of the weights that small-M products cycle through so they read them
+    from memory, not from the last-level cache (--cycle-bytes in all)."""
+    if M > SMALL_M:
+        return 1
+    return max(1, -(-args.cycle_bytes // weight_bytes))
+
+
+@dataclass
+class Weights:
+    """One float matrix, quantized by us, with copies to cycle through."""
+
+    float32: np.ndarray  # N x K, what every library quantizes itself
+    mode: str
+    copies: list[tuple[mx.array, mx.array]]
+    weight_bytes: int
+
+
+def make_weights(M: int, N: int, K: int, mode: str, args: argparse.Namespace) -> Weights:
+    w = mx.random.normal((N, K))
+    w_q, scales = mlx_fpqmm.quantize(w, mode=mode)
+    weight_bytes = w_q.nbytes + scales.nbytes
+    copies = copies_to_cycle(M, weight_bytes, args)
+    cycled = [(mx.array(np.array(w_q)), mx.array(np.array(scales))) for _ in range(copies)]
+    mx.eval(cycled)
+    return Weights(np.array(w), mode, cycled, weight_bytes)
+
+
+def time_ours(x: mx.array, weights: Weights) -> Callable[[int], None]:
+    """A call of our op for `measure`: call i uses weight copy i (cycling)."""
+    op = mlx_fpqmm.qmm_for_mode(weights.mode)
+    copies = weights.copies
+
+    def ours(i: int) -> None:
+        w, s = copies[i % len(copies)]
+        mx.eval(op(x, w, s, mode=weights.mode))
+
+    return ours
+
+
+def after_idle(run: Callable[[int], object], call: int, pause: float) -> Timing:
+    """One call after `pause` seconds of idling (threads asleep, clocks down)."""
+    time.sleep(pause)
+    t = time.perf_counter()
+    run(call)
+    elapsed = time.perf_counter() - t
+    return Timing(elapsed, elapsed)
+
+
+def bench_ggml(M: int, weights: Weights, args: argparse.Namespace) -> GgmlTimes:
+    """ggml's plain and repacked products on the same float matrix, quantized by
+    ggml's own quantizer, with as many weight copies as ours cycles through."""
+    times = GgmlTimes(None, None)
+    try:
+        quantized = _ggml.quantize(weights.float32, weights.mode)
+    except _ggml.GgmlUnavailable as error:
+        times.notes.append(str(error))
+        return times
+    copies = copies_to_cycle(M, quantized.nbytes, args)
+    x = np.random.default_rng(0).standard_normal((M, weights.float32.shape[1]), np.float32)
+    for repack in (False, True):
+        try:
+            matmul = _ggml.GgmlMatmul(
+                weights.float32,
+                weights.mode,
+                rows=M,
+                threads=threads_used(),
+                repack=repack,
+                copies=copies,
+                quantized=quantized,
+            )
+        except _ggml.GgmlUnavailable as error:
+            times.notes.append(str(error))
+            continue
+        with matmul:
+            matmul.set_x(x)
+            timing = measure(matmul.run, args.reps, args.min_time, MAX_REPS)
+        if repack:
+            times.repacked = timing
+        else:
+            times.plain = timing
+    # ggml's OpenMP threads spin for a while after a product: let them sleep.
+    time.sleep(0.2)
+    return times
+
+
 def bench_row(
     M: int,
     N: int,
@@ -135,22 +252,16 @@ def bench_row(
     dtype_name: str,
     args: argparse.Namespace,
     slow: Extrapolator,
+    ggml_cache: dict[tuple, GgmlTimes] | None = None,
 ) -> Row:
     dtype = getattr(mx, dtype_name)
-    w_q, scales = mlx_fpqmm.quantize(mx.random.normal((N, K)), mode=mode)
-    weight_bytes = w_q.nbytes + scales.nbytes
-    # Matrix-vector products read the weights from memory, not from L3.
-    copies = max(1, -(-3 * L3_BYTES // weight_bytes)) if M <= 8 else 1
-    weights = [(mx.array(np.array(w_q)), mx.array(np.array(scales))) for _ in range(copies)]
+    weights = make_weights(M, N, K, mode, args)
+    w_q, scales = weights.copies[0]
     x = mx.random.normal((M, K)).astype(dtype)
-    mx.eval(x, weights)
-    op = mlx_fpqmm.qmm_for_mode(mode)
-
-    def ours(i: int) -> None:
-        w, s = weights[i % copies]
-        mx.eval(op(x, w, s, mode=mode))
-
-    result = measure(ours, args.reps)
+    mx.eval(x)
+    ours = time_ours(x, weights)
+    result = measure(ours, args.reps, args.min_time, MAX_REPS)
+    idle = after_idle(ours, 1, args.idle) if M == 1 and args.idle > 0 else None
 
     def mlx_qmm() -> None:
         mx.eval(mx.quantized_matmul(x, w_q, scales, mode=mode, stream=mx.cpu))
@@ -163,16 +274,37 @@ def bench_row(
     qmm_time = slow(("qmm", *key), M, mlx_qmm) if args.mlx_budget > 0 else None
     dm_time = slow(("dm", *key), M, mlx_dequant_matmul) if args.mlx_budget > 0 else None
 
+    # ggml takes float32 x whatever our dtype: one measurement serves both.
+    ggml_times = None
+    if ggml_cache is not None and mode in _ggml.GGML_TYPES:
+        if (M, N, K, mode) not in ggml_cache:
+            ggml_cache[M, N, K, mode] = bench_ggml(M, weights, args)
+        ggml_times = ggml_cache[M, N, K, mode]
+
     x_np = np.random.rand(M, K).astype(np.float32)
     w_np = np.random.rand(N, K).astype(np.float32)
     numpy_time = measure(lambda _: x_np @ w_np.T, args.reps)
     # OpenBLAS's threads spin for a while after a call: let them go idle
     # before the next row times anything.
     time.sleep(0.2)
-    return Row(M, N, K, mode, dtype_name, weight_bytes, result, qmm_time, dm_time, numpy_time)
+    return Row(
+        M,
+        N,
+        K,
+        mode,
+        dtype_name,
+        weights.weight_bytes,
+        result,
+        qmm_time,
+        dm_time,
+        numpy_time,
+        after_idle=idle,
+        ggml=ggml_times,
+    )
 
 
-def derive(row: Row, bandwidth: float, sgemm: float) -> None:
+def derive(row: Row, bandwidth: float, sgemm: float, single: Row | None = None) -> None:
+    """Rates and ratios of `row`; `single` is the M = 1 row of the same product."""
     flops = 2 * row.M * row.N * row.K
     d = row.derived
     d["gbps"] = row.weight_bytes / row.ours.best / 1e9
@@ -184,33 +316,86 @@ def derive(row: Row, bandwidth: float, sgemm: float) -> None:
         d["speedup_vs_mx_qmm"] = row.mlx_qmm.best / row.ours.best
     if row.mlx_dequant_matmul:
         d["speedup_vs_mlx_dequant_matmul"] = row.mlx_dequant_matmul.best / row.ours.best
+    if single is not None and row.M <= SMALL_M:
+        d["time_vs_m1"] = row.ours.best / single.ours.best
+    if row.after_idle:
+        d["after_idle_vs_steady"] = row.after_idle.best / row.ours.best
+    if row.ggml and row.ggml.plain:
+        d["speedup_vs_ggml_plain"] = row.ggml.plain.best / row.ours.best
+    if row.ggml and row.ggml.repacked:
+        d["speedup_vs_ggml_repacked"] = row.ggml.repacked.best / row.ours.best
 
 
-HEADER = (
-    f"{'M':>4} {'N x K':>12} {'mode':>6} {'dtype':>8} | {'ours ms':>8} {'spread':>6} "
-    f"{'GB/s':>6} {'GFLOP/s':>8} | {'mx.qmm ms':>10} {'x':>6} | {'deq+mm ms':>10} "
-    f"{'np f32 ms':>9} {'ours/np':>7}"
-)
+def header(vs_ggml: bool) -> str:
+    ggml = f" | {'ggml* ms':>8} {'x':>5} {'ggml-rp* ms':>11} {'x':>5}" if vs_ggml else ""
+    return (
+        f"{'M':>4} {'N x K':>12} {'mode':>6} {'dtype':>8} | {'ours ms':>8} {'spread':>6} "
+        f"{'GB/s':>6} {'GFLOP/s':>8} {'t/t1':>5} {'idle':>5}{ggml} | {'mx.qmm ms':>10} "
+        f"{'x':>6} | {'deq+mm ms':>10} {'np f32 ms':>9} {'ours/np':>7}"
+    )
 
 
-def format_row(row: Row) -> str:
+def ratio(d: dict[str, float], key: str, digits: int = 2) -> str:
+    return f"{d[key]:.{digits}f}" if key in d else "-"
+
+
+def format_row(row: Row, vs_ggml: bool = False) -> str:
     d = row.derived
 
     def optional(t: Timing | None) -> str:
         return t.ms() if t else "-"
 
-    speedup = f"{d['speedup_vs_mx_qmm']:.0f}" if "speedup_vs_mx_qmm" in d else "-"
+    ggml = ""
+    if vs_ggml:
+        times = row.ggml or GgmlTimes(None, None)
+        ggml = (
+            f" | {optional(times.plain):>8} {ratio(d, 'speedup_vs_ggml_plain'):>5} "
+            f"{optional(times.repacked):>11} {ratio(d, 'speedup_vs_ggml_repacked'):>5}"
+        )
     return (
         f"{row.M:>4} {f'{row.N}x{row.K}':>12} {row.mode:>6} {row.dtype:>8} | "
         f"{row.ours.best * 1e3:>8.3g} {row.ours.median / row.ours.best:>6.2f} "
-        f"{d['gbps']:>6.1f} {d['gflops']:>8.1f} | {optional(row.mlx_qmm):>10} {speedup:>6} | "
-        f"{optional(row.mlx_dequant_matmul):>10} {row.numpy_f32.best * 1e3:>9.3g} "
-        f"{d['vs_numpy_same_shape']:>7.2f}"
+        f"{d['gbps']:>6.1f} {d['gflops']:>8.1f} {ratio(d, 'time_vs_m1'):>5} "
+        f"{ratio(d, 'after_idle_vs_steady'):>5}{ggml} | {optional(row.mlx_qmm):>10} "
+        f"{ratio(d, 'speedup_vs_mx_qmm', 0):>6} | {optional(row.mlx_dequant_matmul):>10} "
+        f"{row.numpy_f32.best * 1e3:>9.3g} {d['vs_numpy_same_shape']:>7.2f}"
     )
 
 
+def legend(vs_ggml: bool, min_time: float = 1.0) -> str:
+    text = (
+        f"ms: best of the calls in {min_time:g} s (ours, ggml; at least --reps calls); "
+        "spread: median / best; GB/s: quantized weight bytes per second; t/t1: time / the "
+        "M=1 time (M <= 16); idle: the first call after a pause / the steady best (M=1); "
+        "x: speedup of ours over the baseline on its left; ~: extrapolated in M; ours/np: "
+        "NumPy float32 dense time / ours"
+    )
+    if vs_ggml:
+        text += (
+            "\nggml*: ggml's CPU backend with inexact activations (it rounds x to 8 bits, "
+            "q8_0, and takes float32 x for every dtype), same threads; plain: its vec_dot "
+            "kernels; rp: weights in its CPU_REPACK buffer type, as llama.cpp loads them. "
+            "Each library quantized the same float matrix with its own quantizer."
+        )
+    return text
+
+
+def worst(
+    rows: list[Row], value: Callable[[Row], float | None], largest: bool = False
+) -> tuple[float, Row] | None:
+    """The smallest (or largest) value over the rows that have one, with its row."""
+    found = [(v, r) for r in rows if (v := value(r)) is not None]
+    if not found:
+        return None
+    return (max if largest else min)(found, key=lambda pair: pair[0])
+
+
+def where(r: Row) -> str:
+    return f"{r.mode} {r.N}x{r.K}"
+
+
 def targets(rows: list[Row], bandwidth: float, sgemm: float) -> list[str]:
-    """The issue's targets, each with the measured ratio."""
+    """The issues' targets, each with the measured ratio."""
     lines = []
     for r in rows:
         d = r.derived
@@ -244,6 +429,32 @@ def targets(rows: list[Row], bandwidth: float, sgemm: float) -> list[str]:
             lines.append(
                 f"{dtype}: at least {min(speedups):.0f}x mx.quantized_matmul in every row "
                 f"(target {goal}x) {'met' if ok else 'MISSED'}"
+            )
+    # Issue #13's targets, each as the worst row measured.
+    for dtype in sorted({r.dtype for r in rows}):
+        same = [r for r in rows if r.dtype == dtype]
+        goal = 0.90 if dtype == "bfloat16" else 0.85
+        found = worst(same, lambda r: r.derived["bandwidth_fraction"] if r.M == 1 else None)
+        if found:
+            value, r = found
+            lines.append(
+                f"#13 M=1 {dtype}: at least {value:.0%} of read bandwidth in every row "
+                f"(worst {where(r)}; target {goal:.0%}) {'met' if value >= goal else 'MISSED'}"
+            )
+        found = worst(same, lambda r: r.derived.get("time_vs_m1") if r.M == 8 else None, True)
+        if found:
+            value, r = found
+            lines.append(
+                f"#13 M=8 {dtype}: at most {value:.2f}x the M=1 time in every product "
+                f"(worst {where(r)}; target 2.6x) {'met' if value <= 2.6 else 'MISSED'}"
+            )
+        goal = 100 if dtype == "bfloat16" else 20
+        found = worst(same, lambda r: r.derived.get("speedup_vs_mx_qmm") if r.M == 1 else None)
+        if found:
+            value, r = found
+            lines.append(
+                f"#13 M=1 {dtype}: at least {value:.0f}x mx.quantized_matmul (worst {where(r)}; "
+                f"target {goal}x) {'met' if value >= goal else 'MISSED'}"
             )
     return lines
 
@@ -377,6 +588,98 @@ def moe_main(args: argparse.Namespace, bandwidth: float, out) -> None:
     )
 
 
+@dataclass
+class TailRow:
+    K: int
+    mode: str
+    dtype: str
+    weight_bytes: int
+    ours: Timing
+    ggml: GgmlTimes | None = None
+    derived: dict[str, float] = field(default_factory=dict)
+
+
+def ggml_best(times: GgmlTimes | None) -> Timing | None:
+    """ggml's faster way (repacked or plain) for one product."""
+    found = [t for t in (times.plain, times.repacked) if t] if times else []
+    return min(found, key=lambda t: t.best) if found else None
+
+
+def tail_rows(
+    mode: str, dtype: str, args: argparse.Namespace, ggml_cache: dict[tuple, GgmlTimes] | None
+) -> list[TailRow]:
+    """M = 1 over args.tail_ks for one mode and dtype, each against the best K."""
+    N = args.tail_n
+    rows = []
+    for K in args.tail_ks:
+        weights = make_weights(1, N, K, mode, args)
+        x = mx.random.normal((1, K)).astype(getattr(mx, dtype))
+        mx.eval(x)
+        row = TailRow(
+            K, mode, dtype, weights.weight_bytes, measure(time_ours(x, weights), args.reps)
+        )
+        if ggml_cache is not None and mode in _ggml.GGML_TYPES:
+            if (1, N, K, mode) not in ggml_cache:
+                ggml_cache[1, N, K, mode] = bench_ggml(1, weights, args)
+            row.ggml = ggml_cache[1, N, K, mode]
+        rows.append(row)
+    best = min(r.ours.best / r.weight_bytes for r in rows)
+    ggml_rates = [t.best / r.weight_bytes for r in rows if (t := ggml_best(r.ggml))]
+    for r in rows:
+        r.derived["ns_per_byte"] = r.ours.best / r.weight_bytes * 1e9
+        r.derived["vs_best_k"] = r.ours.best / r.weight_bytes / best
+        if theirs := ggml_best(r.ggml):
+            r.derived["ggml_ns_per_byte"] = theirs.best / r.weight_bytes * 1e9
+            r.derived["ggml_vs_best_k"] = theirs.best / r.weight_bytes / min(ggml_rates)
+    return rows
+
+
+def format_tail_row(r: TailRow, vs_ggml: bool) -> str:
+    d = r.derived
+    ggml = ""
+    if vs_ggml:
+        rate = f"{d['ggml_ns_per_byte']:.3f}" if "ggml_ns_per_byte" in d else "-"
+        ggml = f" | {rate:>10} {ratio(d, 'ggml_vs_best_k'):>6}"
+    return (
+        f"{r.mode:>6} {r.dtype:>8} {r.K:>5} | {r.ours.best * 1e3:>8.3g} "
+        f"{d['ns_per_byte']:>6.3f} {d['vs_best_k']:>6.2f}{ggml}"
+    )
+
+
+def tails_main(
+    args: argparse.Namespace, out, ggml_cache: dict[tuple, GgmlTimes] | None
+) -> tuple[list[TailRow], list[str]]:
+    """The K-tail table, and a #13 target line for each mode and dtype."""
+    vs_ggml = ggml_cache is not None
+    print(f"K tails: M=1, N={args.tail_n}, K in {', '.join(map(str, args.tail_ks))}", file=out)
+    ggml = f" | {'ggml* ns/B':>10} {'/best':>6}" if vs_ggml else ""
+    head = f"{'mode':>6} {'dtype':>8} {'K':>5} | {'ours ms':>8} {'ns/B':>6} {'/best':>6}{ggml}"
+    print(head, file=out)
+    rows: list[TailRow] = []
+    lines = []
+    for mode in args.modes:
+        for dtype in args.dtypes:
+            group = tail_rows(mode, dtype, args, ggml_cache)
+            for r in group:
+                print(format_tail_row(r, vs_ggml), file=out, flush=True)
+            rows.extend(group)
+            slowest = max(group, key=lambda r: r.derived["vs_best_k"])
+            excess = slowest.derived["vs_best_k"] - 1
+            lines.append(
+                f"#13 tails {mode} {dtype}: every K within {excess:.0%} of the best K per "
+                f"weight byte (worst K={slowest.K}; target 10%) "
+                f"{'met' if excess <= 0.10 else 'MISSED'}"
+            )
+    text = (
+        "ns/B: best time per quantized weight byte; /best: over the best K of the set "
+        "(weights cycled beyond the L3)"
+    )
+    if vs_ggml:
+        text += "; ggml*: ggml's faster way (repacked or plain), inexact activations"
+    print(text, file=out)
+    return rows, lines
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m mlx_fpqmm.bench",
@@ -415,19 +718,75 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=(2880, 2880),
         help="--moe: N x K of each expert",
     )
+    parser.add_argument(
+        "--vs-ggml",
+        action="store_true",
+        help="also time ggml's CPU backend (mxfp4, nvfp4; needs the bench extra's ggml-python)",
+    )
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=1.0,
+        help=f"seconds of timed calls (up to {MAX_REPS}) that ours and ggml's best are taken "
+        "from: on a busy machine, more calls find a quiet moment",
+    )
+    parser.add_argument(
+        "--tails", action="store_true", help="time the K-tail table (M=1) instead of the rows"
+    )
+    parser.add_argument("--tail-n", type=int, default=TAIL_N, help="--tails: N")
+    parser.add_argument("--tail-ks", type=ints, default=list(TAIL_KS), help="--tails: values of K")
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=1.0,
+        help="seconds to idle before timing one M=1 call after a pause (0 skips it)",
+    )
+    parser.add_argument(
+        "--cycle-bytes",
+        type=int,
+        default=3 * L3_BYTES,
+        help=f"weight bytes that rows with M <= {SMALL_M} cycle through (beyond the L3)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
     parser.add_argument("--plot", metavar="FILE.png", help="draw a roofline-style picture")
     return parser.parse_args(argv)
 
 
+def ggml_setup(args: argparse.Namespace, out) -> dict[tuple, GgmlTimes] | None:
+    """A cache for ggml's timings when --vs-ggml can run, else None (said why)."""
+    if not args.vs_ggml:
+        return None
+    try:
+        ggml = _ggml.load()
+    except _ggml.GgmlUnavailable as error:
+        print(f"ggml rows skipped: {error}", file=out)
+        return None
+    extra = ", ".join(_ggml.extra_buffer_types(ggml)) or "none"
+    print(
+        f"ggml: ggml-python {ggml.__version__} (native build of its vendored ggml), "
+        f"{threads_used()} threads, CPU extra buffer types: {extra}; modes "
+        f"{', '.join(m for m in args.modes if m in _ggml.GGML_TYPES) or 'none of those asked'}",
+        file=out,
+    )
+    return {}
+
+
+def write_json(args: argparse.Namespace, document: dict) -> None:
+    if args.json == "-":
+        json.dump(document, sys.stdout, indent=1)
+    elif args.json:
+        with open(args.json, "w") as f:
+            json.dump(document, f, indent=1)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     mx.set_default_device(mx.cpu)
-    threads = os.cpu_count() or 1
+    threads = threads_used()
     progress = sys.stderr
     progress.write("measuring limits...\r")
     # The best of several runs: the highest rate seen is the limit.
-    read_time, sgemm_timing = read_bandwidth(threads), sgemm_time()
+    read_time, sgemm_timing = read_bandwidth(os.cpu_count() or 1), sgemm_time()
     bandwidth, sgemm = (1 << 30) / read_time.best, 2 * 4096**3 / sgemm_timing.best
     if args.moe:
         out = sys.stdout
@@ -438,6 +797,31 @@ def main(argv: list[str] | None = None) -> None:
         )
         moe_main(args, bandwidth, out)
         return
+    out = sys.stderr if args.json == "-" else sys.stdout
+    print(
+        f"{time.strftime('%Y-%m-%d')}  {platform.machine()}, {threads} threads, "
+        f"mlx {mx.__version__}, numpy {np.__version__}",
+        file=out,
+    )
+    print(
+        f"limits: read bandwidth {bandwidth / 1e9:.1f} GB/s ({os.cpu_count()} threads; median "
+        f"{(1 << 30) / read_time.median / 1e9:.1f}), NumPy sgemm 4096^3 {sgemm / 1e9:.0f} "
+        f"GFLOP/s (median {2 * 4096**3 / sgemm_timing.median / 1e9:.0f})",
+        file=out,
+    )
+    ggml_cache = ggml_setup(args, out)
+    document = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": platform.machine(),
+        "threads": threads,
+        "limits": {"read_bandwidth": bandwidth, "numpy_sgemm_flops": sgemm},
+    }
+    if args.tails:
+        tail_rows, lines = tails_main(args, out, ggml_cache)
+        for line in lines:
+            print(line, file=out)
+        write_json(args, {**document, "tails": [asdict(r) for r in tail_rows]})
+        return
     cases = [
         (M, N, K, mode, dtype)
         for N, K in args.shapes
@@ -447,48 +831,23 @@ def main(argv: list[str] | None = None) -> None:
     ]
     slow = Extrapolator(args.mlx_budget)
     rows: list[Row] = []
-    out = sys.stderr if args.json == "-" else sys.stdout
-    print(
-        f"{time.strftime('%Y-%m-%d')}  {platform.machine()}, {threads} threads, "
-        f"mlx {mx.__version__}, numpy {np.__version__}",
-        file=out,
-    )
-    print(
-        f"limits: read bandwidth {bandwidth / 1e9:.1f} GB/s ({threads} threads; median "
-        f"{(1 << 30) / read_time.median / 1e9:.1f}), NumPy sgemm 4096^3 {sgemm / 1e9:.0f} "
-        f"GFLOP/s (median {2 * 4096**3 / sgemm_timing.median / 1e9:.0f})",
-        file=out,
-    )
-    print(HEADER, file=out)
+    single: dict[tuple, Row] = {}  # the M = 1 row of each product
+    vs_ggml = ggml_cache is not None
+    print(header(vs_ggml), file=out)
     for i, (M, N, K, mode, dtype) in enumerate(cases):
         progress.write(f"\x1b[2K[{i + 1}/{len(cases)}] M={M} {N}x{K} {mode} {dtype}\r")
         progress.flush()
-        row = bench_row(M, N, K, mode, dtype, args, slow)
-        derive(row, bandwidth, sgemm)
+        row = bench_row(M, N, K, mode, dtype, args, slow, ggml_cache)
+        if M == 1:
+            single[N, K, mode, dtype] = row
+        derive(row, bandwidth, sgemm, single.get((N, K, mode, dtype)))
         rows.append(row)
         progress.write("\x1b[2K")
-        print(format_row(row), file=out, flush=True)
-    print(
-        "ms: best of the timed calls; spread: median / best; GB/s: quantized weight bytes "
-        "per second; x: speedup over mx.quantized_matmul; ~: extrapolated in M; "
-        "ours/np: NumPy float32 dense time / ours",
-        file=out,
-    )
+        print(format_row(row, vs_ggml), file=out, flush=True)
+    print(legend(vs_ggml, args.min_time), file=out)
     for line in targets(rows, bandwidth, sgemm):
         print(line, file=out)
-    if args.json:
-        document = {
-            "date": time.strftime("%Y-%m-%d %H:%M"),
-            "machine": platform.machine(),
-            "threads": threads,
-            "limits": {"read_bandwidth": bandwidth, "numpy_sgemm_flops": sgemm},
-            "rows": [asdict(r) for r in rows],
-        }
-        if args.json == "-":
-            json.dump(document, sys.stdout, indent=1)
-        else:
-            with open(args.json, "w") as f:
-                json.dump(document, f, indent=1)
+    write_json(args, {**document, "rows": [asdict(r) for r in rows]})
     if args.plot:
         plot(args.plot, rows, bandwidth, sgemm)
 

@@ -1,0 +1,136 @@
+"""The CPU benchmark's options, rows, tables and targets, on tiny shapes (fast)."""
+
+import json
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+
+from mlx_fpqmm import _ggml, bench
+
+TINY = ["--reps", "1", "--mlx-budget", "0", "--idle", "0.01", "--cycle-bytes", "65536"]
+TINY += ["--min-time", "0.01"]
+
+
+def columns(line: str) -> list[int]:
+    """Where a table line's column separators are."""
+    return [i for i, c in enumerate(line) if c == "|"]
+
+
+def test_defaults_cover_issue_13():
+    args = bench.parse_args([])
+    assert {1, 2, 4, 8, 16}.issubset(args.rows) and {128, 512}.issubset(args.rows)
+    assert args.tail_ks == [2816, 2848, 2880, 2944, 3008, 3072] and args.tail_n == 2048
+    assert args.cycle_bytes == 3 * bench.L3_BYTES and not args.vs_ggml and not args.tails
+    args = bench.parse_args(["--rows", "1,3", "--shapes", "64x256,32x128", "--vs-ggml"])
+    assert args.rows == [1, 3] and args.shapes == [(64, 256), (32, 128)] and args.vs_ggml
+
+
+def test_small_rows_cycle_weights_beyond_the_cache():
+    args = bench.parse_args([])
+    weight_bytes = 4096 * 4096 * 17 // 32  # mxfp4 4096 x 4096
+    copies = bench.copies_to_cycle(1, weight_bytes, args)
+    assert copies * weight_bytes >= 3 * bench.L3_BYTES > (copies - 1) * weight_bytes
+    assert bench.copies_to_cycle(bench.SMALL_M, weight_bytes, args) == copies
+    assert bench.copies_to_cycle(bench.SMALL_M + 1, weight_bytes, args) == 1
+
+
+@pytest.mark.parametrize("vs_ggml", [False, True])
+def test_rows_format_under_the_header(vs_ggml):
+    args = bench.parse_args([*TINY, "--modes", "mxfp4"])
+    slow = bench.Extrapolator(args.mlx_budget)
+    single = bench.bench_row(1, 32, 128, "mxfp4", "float32", args, slow)
+    double = bench.bench_row(2, 32, 128, "mxfp4", "float32", args, slow)
+    # 32 x 128 mxfp4 is 2176 bytes: M <= 16 cycles through 65536 / 2176 -> 31 copies.
+    assert single.after_idle is not None and double.after_idle is None
+    bench.derive(single, bandwidth=1e10, sgemm=1e11, single=single)
+    bench.derive(double, bandwidth=1e10, sgemm=1e11, single=single)
+    assert single.derived["time_vs_m1"] == 1.0
+    assert double.derived["time_vs_m1"] == double.ours.best / single.ours.best
+    assert single.derived["after_idle_vs_steady"] == single.after_idle.best / single.ours.best
+    head = bench.header(vs_ggml)
+    for row in (single, double):
+        line = bench.format_row(row, vs_ggml)
+        assert columns(line) == columns(head), (head, line)
+        assert line.split()[:4] == [str(row.M), "32x128", "mxfp4", "float32"]
+    assert ("ggml*" in bench.legend(vs_ggml)) == vs_ggml
+    json.dumps(asdict(single))
+
+
+def row_with(M: int, dtype: str, **derived: float) -> bench.Row:
+    timing = bench.Timing(1e-3, 1e-3)
+    row = bench.Row(M, 4096, 4096, "mxfp4", dtype, 1, timing, None, None, timing)
+    row.derived.update(derived)
+    return row
+
+
+def test_targets_name_the_worst_row_and_the_verdict():
+    rows = [
+        row_with(1, "bfloat16", bandwidth_fraction=0.91, speedup_vs_mx_qmm=120),
+        row_with(1, "float32", bandwidth_fraction=0.84, speedup_vs_mx_qmm=25),
+        row_with(8, "bfloat16", bandwidth_fraction=0.1, time_vs_m1=2.5),
+        row_with(8, "float32", bandwidth_fraction=0.1, time_vs_m1=2.7),
+    ]
+    lines = bench.targets(rows, bandwidth=1e10, sgemm=1e11)
+    expected = [
+        "#13 M=1 bfloat16: at least 91% of read bandwidth in every row (worst mxfp4 "
+        "4096x4096; target 90%) met",
+        "#13 M=8 bfloat16: at most 2.50x the M=1 time in every product (worst mxfp4 "
+        "4096x4096; target 2.6x) met",
+        "#13 M=1 bfloat16: at least 120x mx.quantized_matmul (worst mxfp4 4096x4096; "
+        "target 100x) met",
+        "#13 M=1 float32: at least 84% of read bandwidth in every row (worst mxfp4 "
+        "4096x4096; target 85%) MISSED",
+        "#13 M=8 float32: at most 2.70x the M=1 time in every product (worst mxfp4 "
+        "4096x4096; target 2.6x) MISSED",
+        "#13 M=1 float32: at least 25x mx.quantized_matmul (worst mxfp4 4096x4096; target 20x) met",
+    ]
+    assert [line for line in lines if line.startswith("#13")] == expected
+
+
+def test_tails_table(capsys):
+    args = bench.parse_args(
+        [*TINY, "--modes", "mxfp4,nvfp4", "--dtypes", "bfloat16", "--tail-n", "32"]
+        + ["--tail-ks", "256,288,320"]
+    )
+    rows, lines = bench.tails_main(args, None, None)
+    assert [(r.mode, r.K) for r in rows] == [
+        (mode, K) for mode in ("mxfp4", "nvfp4") for K in (256, 288, 320)
+    ]
+    for mode in ("mxfp4", "nvfp4"):
+        group = [r for r in rows if r.mode == mode]
+        assert min(r.derived["vs_best_k"] for r in group) == 1.0
+        for r in group:
+            assert r.derived["ns_per_byte"] == pytest.approx(r.ours.best / r.weight_bytes * 1e9)
+    assert [line.split(":")[0] for line in lines] == [
+        "#13 tails mxfp4 bfloat16",
+        "#13 tails nvfp4 bfloat16",
+    ]
+    table = capsys.readouterr().out.splitlines()
+    assert len([line for line in table if line.split()[:1] in (["mxfp4"], ["nvfp4"])]) == 6
+
+
+def test_ggml_missing_is_skipped_with_the_reason(monkeypatch, capsys):
+    def missing():
+        raise _ggml.GgmlUnavailable("ggml-python is not importable (test)")
+
+    monkeypatch.setattr(_ggml, "load", missing)
+    assert bench.ggml_setup(bench.parse_args(["--vs-ggml"]), None) is None
+    assert capsys.readouterr().out == "ggml rows skipped: ggml-python is not importable (test)\n"
+    assert bench.ggml_setup(bench.parse_args([]), None) is None
+
+
+def test_ggml_columns_when_installed():
+    try:
+        _ggml.load()
+    except _ggml.GgmlUnavailable as error:
+        pytest.skip(str(error))
+    args = bench.parse_args([*TINY, "--modes", "mxfp4,nvfp4"])
+    weights = bench.make_weights(1, 32, 128, "mxfp4", args)
+    times = bench.bench_ggml(1, weights, args)
+    assert times.plain is not None and times.repacked is not None and not times.notes
+    weights = bench.make_weights(1, 32, 128, "nvfp4", args)
+    times = bench.bench_ggml(1, weights, args)
+    assert times.plain is not None and times.repacked is None
+    assert "repacked" in times.notes[0]
+    assert np.isfinite(times.plain.best)
