@@ -376,13 +376,20 @@ def test_split_k_global_scale():
 
 
 def test_traffic_report():
-    from mlx_fpqmm.bench_metal import report
+    from mlx_fpqmm.bench_metal import measure, report
 
     cases = [
         ("mxfp4", True, "qmv", 2, 64, 256),
         ("mxfp8", True, "mma", 40, 64, 128),
         ("mxfp4", True, "nax", 40, 64, 128),
+        ("mxfp4", True, "mma", 64, 64, 512),  # few tiles, K long enough: split K
     ]
     text = report(cases)
-    for kernel in ("qmv_bm8_e2m1", "mma_t_bm64_e4m3", "nax_t_bm64_e2m1"):
+    for kernel in ("qmv_bm8_e2m1", "mma_t_bm64_e4m3", "nax_t_bm64_e2m1", "mma_t_split_k_bm64_e2m1"):
         assert f"fpqmm_{kernel}_float16" in text
+    # the split's float32 partials: each written once and read back once
+    run, _ = measure("mxfp4", True, "mma", 64, 64, 512)
+    split_k = run.plan["split_k"]
+    assert split_k > 1
+    partials = next(line for line in text.splitlines() if "partials" in line).split()
+    assert int(partials[partials.index("partials") + 1]) == 2 * 4 * 64 * 64 * split_k
