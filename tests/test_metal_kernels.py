@@ -8,11 +8,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from reference import (
+    BITS,
     TOLERANCE,
     gather_reference,
     qmm_reference,
     relative_error,
 )
+from test_cpu_kernels import NONFINITE_CASES, assert_same_values, nonfinite_case, nonfinite_x
 
 import mlx_fpqmm
 from mlx_fpqmm.testing import LIBRARIES, METAL_DIR, kernel_sources, library, metal_qmm, run_metal
@@ -219,6 +221,21 @@ def test_decode_lanes_wrap_past_32_groups(mode, K, M):
     x = mx.random.normal((M, K)).astype(mx.float16)
     run = check(x, w_q, scales, mode, kernel="qmv")
     assert traffic(run, "scales")["bytes_read"] == scales.nbytes * math.ceil(M / 8)
+
+
+@pytest.mark.parametrize("case", list(NONFINITE_CASES))
+@pytest.mark.parametrize("transpose", [True, False], ids=["x@W.T", "x@W"])
+def test_decode_nonfinite_scales_and_codes(case, transpose):
+    """The CPU path's cases: the decode kernels scale a chunk's sum by a finite
+    scale but each code by a non-finite one, so NaN and ±inf land where
+    dequantize-then-matmul puts them. M = 9 takes two blocks of x rows."""
+    w_q, scales, mode = nonfinite_case(case)
+    rows, cols = w_q.shape[0], w_q.shape[1] * 32 // BITS[mode]
+    x = nonfinite_x(9, cols if transpose else rows, mx.float16)
+    run = run_metal(x, w_q, scales, mode=mode, transpose=transpose, kernel="qmv")
+    with np.errstate(invalid="ignore"):
+        reference = qmm_reference(x, w_q, scales, mode, transpose)
+    assert_same_values(run.y, reference)
 
 
 @pytest.mark.parametrize("kernel", ["qmv", "mma"])
