@@ -7,6 +7,10 @@
 #include "fp_decode.h"
 #include "fp_params.h"
 
+// Fully unrolls the loop that follows (a constant trip count): its indices
+// into thread arrays become constants and the arrays registers.
+#define FPQMM_UNROLL _Pragma("clang loop unroll(full)")
+
 namespace fpqmm {
 
 using namespace metal;

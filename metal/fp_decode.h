@@ -41,33 +41,35 @@ inline half decode_code(uint code) {
   return decode_e4m3(code);
 }
 
-// Two codes at once, as the halves of a half2 (the decode kernels' inner
-// loop): `pair` holds one code in bits 0.. and another in bits 16.., as a
-// packed word shifted right holds codes i and i + 16 / bits. The result is
-// the codes' values divided by code_pair_scale<bits>: the bit patterns of
-// decode_e2m1 / decode_e4m3 without their final multiply, which the caller
-// applies once per chunk instead of once per code.
-inline half2 decode_e2m1_pair(uint pair) {
-  return as_type<half2>(
-      ((pair & 0x00080008u) << 12) | ((pair & 0x00070007u) << 9));
+// `value` shifted left by `shift` bits, or right by -shift when negative.
+inline uint shift_bits(uint value, int shift) {
+  return shift >= 0 ? value << shift : value >> -shift;
 }
 
-// Magnitude 0x7F (NaN) is the only one whose increment reaches bit 7; that
-// bit, moved to the half's top exponent bit, makes the half a NaN.
-inline half2 decode_e4m3_pair(uint pair) {
-  uint magnitude = pair & 0x007F007Fu;
-  uint nan_bits = ((magnitude + 0x00010001u) & 0x00800080u) << 7;
-  return as_type<half2>(
-      ((pair & 0x00800080u) << 8) | nan_bits | (magnitude << 7));
-}
-
+// Two codes of a packed word at once, as the halves of a half2 (the decode
+// kernel's inner loop): pair p holds codes p and p + 16 / bits of the word,
+// which sit 16 bits apart. Each code's sign and magnitude bits are moved
+// straight to where decode_e2m1 / decode_e4m3 put them, a few integer
+// operations for both codes. The result is the codes' values divided by
+// code_pair_scale<bits>: those functions' final multiply is left to the
+// caller, once per chunk instead of once per code.
 template <int bits>
-inline half2 decode_code_pair(uint pair) {
+inline half2 decode_code_pair(uint word, int p) {
   static_assert(bits == 4 || bits == 8, "fp codes are 4 or 8 bits wide");
-  if (bits == 4) {
-    return decode_e2m1_pair(pair);
+  // The lowest magnitude bit's place in the half: the top mantissa bit for
+  // E2M1, the third for E4M3.
+  constexpr int magnitude_bit = bits == 4 ? 9 : 7;
+  constexpr uint magnitude_mask =
+      ((1u << (bits - 1)) - 1) * (1u << magnitude_bit) * 0x00010001u;
+  const int code_bit = bits * p;
+  uint magnitude = shift_bits(word, magnitude_bit - code_bit) & magnitude_mask;
+  const uint sign = shift_bits(word, 16 - bits - code_bit) & 0x80008000u;
+  if (bits == 8) {
+    // Magnitude 0x7F (NaN) is the only one whose increment carries into
+    // bit 14, the half's top exponent bit: with it the half is a NaN.
+    magnitude |= (magnitude + (0x00010001u << magnitude_bit)) & 0x40004000u;
   }
-  return decode_e4m3_pair(pair);
+  return as_type<half2>(sign | magnitude);
 }
 
 // What decode_code_pair's values are multiplied by to be the codes' values.

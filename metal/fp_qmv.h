@@ -11,53 +11,69 @@ namespace fpqmm {
 
 using namespace metal;
 
-// The codes of `words` packed words as half2 pairs (decode_code_pair): pair
-// p of word i holds codes p and p + 16 / bits of that word.
+// The kQmvChunk codes of `words` packed words, in order, as floats divided
+// by code_pair_scale<bits>.
 template <int bits, int words>
-inline void decode_pairs(const thread uint32_t* packed, thread half2* pairs) {
-  constexpr int pairs_per_word = 16 / bits;
-  constexpr uint pair_mask = ((1u << bits) - 1) * 0x00010001u;
+inline void decode_chunk(const thread uint32_t* packed, thread float* codes) {
+  constexpr int codes_per_word = 32 / bits;
+  constexpr int pairs_per_word = codes_per_word / 2;
+  FPQMM_UNROLL
   for (int i = 0; i < words; ++i) {
+    FPQMM_UNROLL
     for (int p = 0; p < pairs_per_word; ++p) {
-      pairs[i * pairs_per_word + p] =
-          decode_code_pair<bits>((packed[i] >> (bits * p)) & pair_mask);
+      const half2 pair = decode_code_pair<bits>(packed[i], p);
+      codes[i * codes_per_word + p] = pair.x;
+      codes[i * codes_per_word + p + pairs_per_word] = pair.y;
     }
   }
 }
 
-// The dot product of kQmvChunk decoded codes (decode_pairs' order) with
-// kQmvChunk values of x, times the codes' group scale. A finite scale
-// multiplies the sum; a non-finite one multiplies each code, so that an inf
-// scale gives NaN on zero codes and zero x and opposite infinities cancel to
-// NaN, element by element as the CPU path (and dequantize-then-matmul) does.
+// The dot product of kQmvChunk codes (decode_chunk's) with kQmvChunk values
+// of x, times the codes' group scale. A finite scale multiplies the sum; a
+// non-finite one multiplies each code, so that an inf scale gives NaN on zero
+// codes and zero x and opposite infinities cancel to NaN, element by element
+// as the CPU path (and dequantize-then-matmul) does.
 template <int bits>
 inline float scaled_dot(
-    const thread half2* pairs, const thread float* x, float scale) {
-  constexpr int pairs_per_word = 16 / bits;
-  constexpr int codes_per_word = 32 / bits;
-  const bool scale_each = !isfinite(scale);
-  const float code_scale = code_pair_scale<bits>() * (scale_each ? scale : 1);
+    const thread float* codes, const thread float* x, float scale) {
+  constexpr float pair_scale = code_pair_scale<bits>();
   float sum = 0.0f;
-  for (int i = 0; i < kQmvChunk / 2; ++i) {
-    const int word = i / pairs_per_word;
-    const int p = i % pairs_per_word;
-    float2 codes = float2(pairs[i]);
-    if (scale_each) {
-      codes *= code_scale;
+  if (isfinite(scale)) {
+    FPQMM_UNROLL
+    for (int i = 0; i < kQmvChunk; ++i) {
+      sum = fma(codes[i], x[i], sum);
     }
-    sum = fma(codes.x, x[word * codes_per_word + p], sum);
-    sum = fma(codes.y, x[word * codes_per_word + p + pairs_per_word], sum);
+    // The pair scale before the group scale: their product can overflow
+    // where the product with the sum does not.
+    return sum * pair_scale * scale;
   }
-  // The pair scale before the group scale: their product can overflow where
-  // the product with the sum does not.
-  return scale_each ? sum : sum * code_scale * scale;
+  const float code_scale = pair_scale * scale;
+  FPQMM_UNROLL
+  for (int i = 0; i < kQmvChunk; ++i) {
+    sum = fma(codes[i] * code_scale, x[i], sum);
+  }
+  return sum;
+}
+
+// kQmvChunk values of x as float (K is a multiple of 4: vector loads).
+template <typename T>
+inline void load_x_chunk(const device T* source, thread float* x) {
+  FPQMM_UNROLL
+  for (int i = 0; i < kQmvChunk; i += 4) {
+    const vec<T, 4> x4 = *(const device vec<T, 4>*)(source + i);
+    FPQMM_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      x[i + j] = x4[j];
+    }
+  }
 }
 
 // y = x @ W^T with W (N, K) grouped along K, for up to `rows` rows of x per
 // threadgroup. Each simdgroup owns `outputs` rows of W. Lane l takes whole
 // groups of K (l, l + 32, ...), so it alone reads their scales: W and the
-// scales move once, x once per simdgroup, each lane scales once per group
-// and chunk, and the lanes' partial sums of an output meet in one simd_sum.
+// scales move once, x once per simdgroup, each lane decodes a chunk of codes
+// once for all rows of x and scales once per group and chunk, and the
+// lanes' partial sums of an output meet in one simd_sum.
 template <typename T, int bits, int rows, int outputs>
 inline void fp_qmv_impl(
     Operands<T> op, uint2 tgid, ushort simdgroup, ushort lane) {
@@ -75,34 +91,39 @@ inline void fp_qmv_impl(
   const int groups_per_row = K / group_size;
   const device T* x_rows = op.x + int64_t(first_row) * K;
 
+  // The outputs past N (of the last simdgroup) read nothing and stay zero.
+  const int valid_outputs = min(outputs, N - first_output);
+  const device uint32_t* w_rows[outputs];
+  int64_t scale_rows[outputs];
+  FPQMM_UNROLL
+  for (int o = 0; o < outputs; ++o) {
+    const int64_t n = first_output + o;
+    w_rows[o] = op.w + n * words_per_row;
+    scale_rows[o] = n * groups_per_row;
+  }
+
   float sums[rows][outputs] = {};
   for (int group = lane; group < groups_per_row; group += kSimdSize) {
     float scales[outputs];
+    FPQMM_UNROLL
     for (int o = 0; o < outputs; ++o) {
-      const int n = first_output + o;
-      scales[o] = n < N ? op.scales[int64_t(n) * groups_per_row + group] : 0.0f;
+      scales[o] = o < valid_outputs ? op.scales[scale_rows[o] + group] : 0.0f;
     }
     for (int k = group * group_size; k < (group + 1) * group_size;
          k += kQmvChunk) {
-      half2 codes[outputs][kQmvChunk / 2];
+      float codes[outputs][kQmvChunk];
+      FPQMM_UNROLL
       for (int o = 0; o < outputs; ++o) {
-        const int n = first_output + o;
         uint32_t packed[words] = {};
-        if (n < N) {
-          load_words<words>(
-              op.w + int64_t(n) * words_per_row + k * bits / 32, packed);
+        if (o < valid_outputs) {
+          load_words<words>(w_rows[o] + k * bits / 32, packed);
         }
-        decode_pairs<bits, words>(packed, codes[o]);
+        decode_chunk<bits, words>(packed, codes[o]);
       }
       for (int r = 0; r < valid_rows; ++r) {
         float x_chunk[kQmvChunk];
-        const device T* source = x_rows + int64_t(r) * K + k;
-        for (int i = 0; i < kQmvChunk; i += 4) {
-          const float4 x4 = float4(*(const device vec<T, 4>*)(source + i));
-          for (int j = 0; j < 4; ++j) {
-            x_chunk[i + j] = x4[j];
-          }
-        }
+        load_x_chunk(x_rows + int64_t(r) * K + k, x_chunk);
+        FPQMM_UNROLL
         for (int o = 0; o < outputs; ++o) {
           sums[r][o] += scaled_dot<bits>(codes[o], x_chunk, scales[o]);
         }
@@ -112,11 +133,12 @@ inline void fp_qmv_impl(
 
   // valid_rows is the same on every lane: the simd_sums are uniform.
   for (int r = 0; r < valid_rows; ++r) {
+    FPQMM_UNROLL
     for (int o = 0; o < outputs; ++o) {
       const float total = simd_sum(sums[r][o]);
-      const int n = first_output + o;
-      if (lane == r * outputs + o && n < N) {
-        op.y[int64_t(first_row + r) * N + n] = static_cast<T>(total);
+      if (lane == r * outputs + o && o < valid_outputs) {
+        op.y[int64_t(first_row + r) * N + first_output + o] =
+            static_cast<T>(total);
       }
     }
   }

@@ -8,13 +8,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from reference import (
+    BITS,
     TOLERANCE,
     gather_reference,
     qmm_reference,
     relative_error,
 )
+from test_cpu_kernels import NONFINITE_CASES, assert_same_values, nonfinite_case, nonfinite_x
 
 import mlx_fpqmm
+from mlx_fpqmm import bench_metal, mlx_metal
 from mlx_fpqmm.testing import LIBRARIES, METAL_DIR, kernel_sources, library, metal_qmm, run_metal
 
 TYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -221,6 +224,21 @@ def test_decode_lanes_wrap_past_32_groups(mode, K, M):
     assert traffic(run, "scales")["bytes_read"] == scales.nbytes * math.ceil(M / 8)
 
 
+@pytest.mark.parametrize("case", list(NONFINITE_CASES))
+@pytest.mark.parametrize("transpose", [True, False], ids=["x@W.T", "x@W"])
+def test_decode_nonfinite_scales_and_codes(case, transpose):
+    """The CPU path's cases: the decode kernels scale a chunk's sum by a finite
+    scale but each code by a non-finite one, so NaN and ±inf land where
+    dequantize-then-matmul puts them. M = 9 takes two blocks of x rows."""
+    w_q, scales, mode = nonfinite_case(case)
+    rows, cols = w_q.shape[0], w_q.shape[1] * 32 // BITS[mode]
+    x = nonfinite_x(9, cols if transpose else rows, mx.float16)
+    run = run_metal(x, w_q, scales, mode=mode, transpose=transpose, kernel="qmv")
+    with np.errstate(invalid="ignore"):
+        reference = qmm_reference(x, w_q, scales, mode, transpose)
+    assert_same_values(run.y, reference)
+
+
 @pytest.mark.parametrize("kernel", ["qmv", "mma"])
 @pytest.mark.parametrize("transpose", [True, False], ids=["x@W.T", "x@W"])
 def test_batched(kernel, transpose):
@@ -320,6 +338,25 @@ def test_decode_reads_weights_and_scales_once(mode, M, transpose):
         assert traffic(run, "x")["bytes_read"] == x.nbytes * 48 // 4
     y = traffic(run, "y")
     assert y["bytes_written"] == y["unique_bytes_written"] == run.y.size * x.itemsize
+
+
+def test_decode_runs_fewer_instructions_than_mlx():
+    """Issue #14: per output element, the decode kernel executes no more
+    instructions than the kernel MLX 0.32.4 picks (qmv_fast at M = 1,
+    qmv_wide at M = 8), measured side by side in the simulator, and reads no
+    more device bytes and runs no more SIMD collectives."""
+    try:
+        mlx_metal.mlx_metal_wheel()
+    except mlx_metal.MlxMetalUnavailable as e:
+        pytest.skip(str(e))
+    rows = bench_metal.vs_mlx_rows(
+        ["mxfp4"], ["float16"], [1, 8], [(512, 512)], mlx_metal.Device("applegpu_g16s")
+    )
+    for M, (theirs, ours) in zip((1, 8), zip(rows[::2], rows[1::2], strict=True), strict=True):
+        assert (theirs["side"], ours["side"], ours["M"]) == ("MLX", "ours", M)
+        assert theirs["kernel"] == ("qmv_fast" if M == 1 else "qmv_wide nv4")
+        for measure in ("instructions", "w_read", "scales_read", "x_read", "simd_collectives"):
+            assert ours["per_output"][measure] <= theirs["per_output"][measure], (M, measure)
 
 
 @pytest.mark.parametrize("M,block_m", [(20, 32), (100, 64)])
