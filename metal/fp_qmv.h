@@ -120,7 +120,13 @@ inline void fp_qmv_impl(
         }
         decode_chunk<bits, words>(packed, codes[o]);
       }
-      for (int r = 0; r < valid_rows; ++r) {
+      // Unrolled with a break, so sums[r] is indexed by constants: a
+      // register array, where a run-time index would put it in memory.
+      FPQMM_UNROLL
+      for (int r = 0; r < rows; ++r) {
+        if (r == valid_rows) {
+          break;
+        }
         float x_chunk[kQmvChunk];
         load_x_chunk(x_rows + int64_t(r) * K + k, x_chunk);
         FPQMM_UNROLL
@@ -132,7 +138,11 @@ inline void fp_qmv_impl(
   }
 
   // valid_rows is the same on every lane: the simd_sums are uniform.
-  for (int r = 0; r < valid_rows; ++r) {
+  FPQMM_UNROLL
+  for (int r = 0; r < rows; ++r) {
+    if (r == valid_rows) {
+      break;
+    }
     FPQMM_UNROLL
     for (int o = 0; o < outputs; ++o) {
       const float total = simd_sum(sums[r][o]);
