@@ -59,7 +59,11 @@ struct SimdKernels {
         dst[g] = decode_e8m0(bytes[g]);
       }
     } else if (w.scale_encoding == ScaleEncoding::e4m3) {
-      for (int64_t g = g0; g < g1; ++g) {
+      int64_t g = g0;
+      for (; g + kLanes <= g1; g += kLanes) {
+        V::store(dst + g, V::decode_e4m3(bytes + g));
+      }
+      for (; g < g1; ++g) {
         dst[g] = kE4M3Values[bytes[g]];
       }
     } else {
@@ -231,11 +235,21 @@ struct SimdKernels {
   }
   template <int kBits>
   static void arrange(const float* x, int64_t K, float* dst) {
-    for (int64_t k = 0; k < padded_length<kBits>(K); k += kDotStep<kBits>) {
+    int64_t full = K - K % kDotStep<kBits>;
+    for (int64_t k = 0; k < full; k += kDotStep<kBits>) {
+      MLX_FPQMM_UNROLL
+      for (int v = 0; v < kPerWord<kBits>; ++v) {
+        MLX_FPQMM_UNROLL
+        for (int lane = 0; lane < kLanes; ++lane) {
+          dst[k + v * kLanes + lane] = x[k + step_element<kBits>(v, lane)];
+        }
+      }
+    }
+    if (full < K) {
       for (int v = 0; v < kPerWord<kBits>; ++v) {
         for (int lane = 0; lane < kLanes; ++lane) {
-          int64_t element = k + step_element<kBits>(v, lane);
-          dst[k + v * kLanes + lane] = element < K ? x[element] : 0.0f;
+          int64_t element = full + step_element<kBits>(v, lane);
+          dst[full + v * kLanes + lane] = element < K ? x[element] : 0.0f;
         }
       }
     }
@@ -259,7 +273,9 @@ struct SimdKernels {
       int64_t ldo) {
     static_assert(MB == 1 || R == 1);
     constexpr int P = kPerWord<kBits>;
-    constexpr int kChains = MB == 1 ? 2 : std::max(1, 8 / MB);
+    // Independent accumulator chains per (row of W, row of x): enough to
+    // hide the FMA latency, few enough to stay in registers.
+    constexpr int kChains = MB == 1 ? (R == 1 ? 2 : 1) : std::max(1, 8 / MB);
     int64_t K = w.cols;
     int64_t full = K - K % kDotStep<kBits>;
     int shift = group_shift(w);
@@ -310,8 +326,10 @@ struct SimdKernels {
         }
         MLX_FPQMM_UNROLL
         for (int k = 0; k < kClasses; ++k) {
-          acc[r][0][0] = V::fma(p[k][0], s[k], acc[r][0][0]);
-          acc[r][0][1] = V::fma(p[k][1], s[k], acc[r][0][1]);
+          F& first = acc[r][0][0];
+          F& second = acc[r][0][kChains - 1];
+          first = V::fma(p[k][0], s[k], first);
+          second = V::fma(p[k][1], s[k], second);
         }
       } else {
         MLX_FPQMM_UNROLL
