@@ -58,22 +58,21 @@ struct Avx2Vec {
   static I shift_right(I v, int bits) {
     return _mm256_srli_epi32(v, bits);
   }
-  static F e2m1(I v) {
-    return lookup_e2m1(v);
-  }
-  // E4M3 from its bits, without a gather: the magnitude's 7 bits placed at
-  // float bits 20..26 read as a float 2^-120 times the value (E4M3's
-  // subnormals as float subnormals), the sign moved to bit 31; code 0x7F
+  // E4M3 from its bits, without a gather: the code moved to the top byte,
+  // then shifted arithmetically so that the sign stays at bit 31 and the
+  // magnitude's 7 bits land at float bits 20..26, reads as a float 2^-120
+  // times the value (E4M3's subnormals as float subnormals); magnitude 0x7F
   // (NaN) sets all bits.
   static F e4m3(I v) {
-    __m256i magnitude = _mm256_and_si256(v, _mm256_set1_epi32(0x7F));
-    __m256i sign = _mm256_and_si256(
-        _mm256_slli_epi32(v, 24), _mm256_set1_epi32(0x80000000));
-    F value = _mm256_mul_ps(
-        _mm256_castsi256_ps(
-            _mm256_or_si256(_mm256_slli_epi32(magnitude, 20), sign)),
-        _mm256_set1_ps(0x1p120f));
-    __m256i nan = _mm256_cmpeq_epi32(magnitude, _mm256_set1_epi32(0x7F));
+    __m256i top = _mm256_slli_epi32(v, 24);
+    __m256i bits = _mm256_and_si256(
+        _mm256_srai_epi32(top, 4),
+        _mm256_set1_epi32(static_cast<int>(0x87F00000u)));
+    F value =
+        _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0x1p120f));
+    __m256i magnitude = _mm256_set1_epi32(0x7F000000);
+    __m256i nan =
+        _mm256_cmpeq_epi32(_mm256_and_si256(top, magnitude), magnitude);
     return _mm256_or_ps(value, _mm256_castsi256_ps(nan));
   }
   // A dot step of 64 E2M1 codes (32 bytes) as eight vectors, by byte

@@ -4,9 +4,11 @@
 // V provides: F (a vector of V::kLanes floats), zero, set1, set2 (lower half
 // of the lanes one value, upper half another), load, store, fma(a, b, c) =
 // a * b + c, mul, add, sum (horizontal); for the dot kernels an integer vector
-// I with load_words (kLanes 32-bit words), shift_right, e2m1 / e4m3 (table
-// lookups of the low 4 / 8 bits of each lane), load_index and permute
-// (lanes of a float vector picked by index); for dequantizing,
+// I with load_words (kLanes 32-bit words), shift_right, e2m1 / e4m3 (the
+// values of the low 4 / 8 bits of each lane; e2m1 not needed with
+// decode_e2m1_step and e2m1_step_element, which decode a whole step),
+// load_index and permute (lanes of a float vector picked by index); for
+// dequantizing,
 // decode_e2m1(bytes, even, odd) (2 * kLanes E2M1 codes from kLanes bytes:
 // elements 0, 2, 4, ... and 1, 3, 5, ...), decode_e4m3(bytes) (kLanes E4M3
 // codes) and store_interleaved(dst, even, odd) (2 * kLanes floats back in
