@@ -473,17 +473,13 @@ struct SimdKernels {
       });
       return;
     }
-    // Several rows of x: from kMaxRows rows on (the FMAs then dominate), K in
-    // chunks small enough that a block of x rows stays in L1 while every row
-    // of W passes over it; fewer rows keep W one sequential stream, which
-    // matters more (measured on Zen 3).
+    // Several rows of x: K in chunks small enough that a block of x rows
+    // stays in L1 while every row of W passes over it.
     constexpr int64_t kXBlockBytes = 16 << 10;
-    int64_t chunk = M < kMaxRows
-                        ? std::max<int64_t>(K, 1)
-                        : std::max<int64_t>(
-                              kDotStep<kBits>,
-                              kXBlockBytes / (kMaxRows * sizeof(float)) /
-                                  kDotStep<kBits> * kDotStep<kBits>);
+    int64_t chunk = std::max<int64_t>(
+        kDotStep<kBits>,
+        kXBlockBytes / (kMaxRows * sizeof(float)) / kDotStep<kBits> *
+            kDotStep<kBits>);
     int shift = group_shift(w);
     // (One chunk, storing zeros, when K is 0.)
     for (int64_t c0 = 0; c0 < std::max<int64_t>(K, 1); c0 += chunk) {
