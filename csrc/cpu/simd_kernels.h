@@ -258,9 +258,7 @@ struct SimdKernels {
   }
 
   // R consecutive rows of W (codes and decoded scales, `stride` floats per
-  // row) against MB rows of arranged x (`ldx` floats apart), over columns
-  // [c0, c1) (c0 a multiple of the step, c1 one too or K); the sums are
-  // stored when c0 is 0, else added to out.
+  // row) against MB rows of arranged x (`ldx` floats apart), all of K.
   // One x row: each class's products are summed in two chains and scaled
   // once per step; R rows of W share each load of x (see for_w_rows).
   // Several x rows (R = 1): each decoded vector is scaled once and used by
@@ -274,9 +272,7 @@ struct SimdKernels {
       const float* xa,
       int64_t ldx,
       float* out,
-      int64_t ldo,
-      int64_t c0,
-      int64_t c1) {
+      int64_t ldo) {
     static_assert(MB == 1 || R == 1);
     constexpr int P = kPerWord<kBits>;
     // Independent accumulator chains per (row of W, row of x): enough to
@@ -349,7 +345,7 @@ struct SimdKernels {
         }
       }
     };
-    for (int64_t c = c0; c < std::min(full, c1); c += kDotStep<kBits>) {
+    for (int64_t c = 0; c < full; c += kDotStep<kBits>) {
       MLX_FPQMM_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* codes = w.row(row + r) + c * kBits / 8;
@@ -357,7 +353,7 @@ struct SimdKernels {
         step(r, codes, c);
       }
     }
-    if (full < c1) {
+    if (full < K) {
       alignas(64) uint8_t tail[kDotStepBytes<kBits>] = {};
       for (int r = 0; r < R; ++r) {
         std::copy_n(
@@ -371,7 +367,7 @@ struct SimdKernels {
         for (int k = 1; k < kChains; ++k) {
           total = V::add(total, acc[r][m][k]);
         }
-        out[m * ldo + r] = V::sum(total) + (c0 == 0 ? 0.0f : out[m * ldo + r]);
+        out[m * ldo + r] = V::sum(total);
       }
     }
   }
@@ -468,45 +464,24 @@ struct SimdKernels {
       for_w_rows(M, K * sizeof(float), n0, n1, [&]<int R>(int64_t n) {
         decode_row_scales(R, n);
         dot_block<kBits, R, 1, kClasses>(
-            w, n, scales, stride, xa, ldx, out + n - n0, ldo, 0, K);
+            w, n, scales, stride, xa, ldx, out + n - n0, ldo);
         redo_nonfinite_rows(w, n, R, scales, stride, x, M, out + n - n0, ldo);
       });
       return;
     }
-    // Several rows of x: K in chunks small enough that a block of x rows
-    // stays in L1 while every row of W passes over it.
-    constexpr int64_t kXBlockBytes = 16 << 10;
-    int64_t chunk = std::max<int64_t>(
-        kDotStep<kBits>,
-        kXBlockBytes / (kMaxRows * sizeof(float)) / kDotStep<kBits> *
-            kDotStep<kBits>);
-    int shift = group_shift(w);
-    // (One chunk, storing zeros, when K is 0.)
-    for (int64_t c0 = 0; c0 < std::max<int64_t>(K, 1); c0 += chunk) {
-      int64_t c1 = std::min(K, c0 + chunk);
-      for (int64_t n = n0; n < n1; ++n) {
-        decode_scales(
-            w, n, scales, c0 >> shift, (c1 + w.group_size - 1) >> shift);
-        if (c1 == K) {
-          std::fill_n(scales + groups, kScalePadding, 0.0f);
-        }
-        for_x_blocks(M, [&]<int MB>(int64_t m) {
-          dot_block<kBits, 1, MB, kClasses>(
-              w,
-              n,
-              scales,
-              stride,
-              xa + m * ldx,
-              ldx,
-              out + m * ldo + n - n0,
-              ldo,
-              c0,
-              c1);
-        });
-      }
-    }
     for (int64_t n = n0; n < n1; ++n) {
       decode_row_scales(1, n);
+      for_x_blocks(M, [&]<int MB>(int64_t m) {
+        dot_block<kBits, 1, MB, kClasses>(
+            w,
+            n,
+            scales,
+            stride,
+            xa + m * ldx,
+            ldx,
+            out + m * ldo + n - n0,
+            ldo);
+      });
       redo_nonfinite_rows(w, n, 1, scales, stride, x, M, out + n - n0, ldo);
     }
   }
