@@ -171,6 +171,28 @@ def test_unaligned_and_strided_x(isa):
     check(x, w_q, scales, "mxfp4", True)
 
 
+# The small-M dot path at every K tail the SIMD steps leave (the last step,
+# partial, decoded from a zero-padded copy; gpt-oss's K = 2880 among them),
+# K shorter than one step, and every M from 1 to 17: blocks of up to 8 rows of
+# x share each decoded vector of W, with blocks of every size.
+DOT_TAIL_LENGTHS = (2816, 2848, 2880, 2944, 3008, 3072)
+
+
+@pytest.mark.parametrize("mode", ["mxfp4", "nvfp4", "mxfp8", "fp4"])
+def test_dot_tails_and_row_counts(isa, monkeypatch, mode):
+    monkeypatch.setenv("MLX_FPQMM_CPU_GEMM_MIN_M", PATHS["fused"])
+    group_size = 64 if mode == "fp4" else DEFAULT_GROUP_SIZE[mode]
+    for K in (*DOT_TAIL_LENGTHS, 32, 96, 192):
+        if K % group_size:
+            continue
+        w_q, scales = mlx_fpqmm.quantize(mx.random.normal((11, K)), group_size, mode=mode)
+        rows = range(1, 18) if K in (2848, 2880) else (1, 2, 9, 17)
+        for M in rows:
+            x = mx.random.normal((M, K))
+            check(x, w_q, scales, mode, True, group_size)
+        check(x.astype(mx.bfloat16), w_q, scales, mode, True, group_size)
+
+
 def test_thread_count_does_not_change_results():
     script = """
 import mlx.core as mx, mlx_fpqmm, numpy as np, sys

@@ -106,7 +106,7 @@ def test_kernels_match_reference(harness, isa, mode):
     expected = dequantize_reference(w_q, scales, mode)
     dequantized = run(harness, isa, mode, "dequantize", w_q, scales)
     np.testing.assert_array_equal(dequantized, expected)
-    for M in (1, 6):
+    for M in (1, 6, 17):  # 17: blocks of 5 and 6 rows of x share decoded W
         x = mx.random.normal((M, cols))
         y = run(harness, isa, mode, "dot", w_q, scales, x)
         reference = qmm_reference(x, w_q, scales, mode, transpose=True)

@@ -34,6 +34,9 @@ struct Avx2Vec {
   static F mul(F a, F b) {
     return _mm256_mul_ps(a, b);
   }
+  static F add(F a, F b) {
+    return _mm256_add_ps(a, b);
+  }
   static float sum(F v) {
     __m128 s =
         _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -55,12 +58,55 @@ struct Avx2Vec {
   static I shift_right(I v, int bits) {
     return _mm256_srli_epi32(v, bits);
   }
-  static F e2m1(I v) {
-    return lookup_e2m1(v);
-  }
+  // E4M3 from its bits, without a gather: the code moved to the top byte,
+  // then shifted arithmetically so that the sign stays at bit 31 and the
+  // magnitude's 7 bits land at float bits 20..26, reads as a float 2^-120
+  // times the value (E4M3's subnormals as float subnormals); magnitude 0x7F
+  // (NaN) sets all bits.
   static F e4m3(I v) {
-    return _mm256_i32gather_ps(
-        kE4M3Values.data(), _mm256_and_si256(v, _mm256_set1_epi32(0xFF)), 4);
+    __m256i top = _mm256_slli_epi32(v, 24);
+    __m256i bits = _mm256_and_si256(
+        _mm256_srai_epi32(top, 4),
+        _mm256_set1_epi32(static_cast<int>(0x87F00000u)));
+    F value =
+        _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0x1p120f));
+    __m256i magnitude = _mm256_set1_epi32(0x7F000000);
+    __m256i nan =
+        _mm256_cmpeq_epi32(_mm256_and_si256(top, magnitude), magnitude);
+    return _mm256_or_ps(value, _mm256_castsi256_ps(nan));
+  }
+  // A dot step of 64 E2M1 codes (32 bytes) as eight vectors, by byte
+  // shuffles: the low and high nibbles index kernels.h's bf16 byte tables,
+  // the bytes are zipped into bf16 words, and each word vector splits into
+  // its even words (shifted up) and odd words (masked) as floats. Vector
+  // 4 * nibble + 2 * part + parity, lane 4 * half + j, holds the code of
+  // nibble `nibble` of byte 16 * half + 8 * part + 2 * j + parity.
+  static constexpr int e2m1_step_element(int v, int lane) {
+    int byte = 16 * (lane / 4) + 8 * (v / 2 % 2) + 2 * (lane % 4) + v % 2;
+    return 2 * byte + v / 4;
+  }
+  static void decode_e2m1_step(const uint8_t* p, F* d) {
+    __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    __m256i low_nibble = _mm256_set1_epi8(0x0F);
+    __m256i codes[2] = {
+        _mm256_and_si256(bytes, low_nibble),
+        _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_nibble)};
+    __m256i table_lo = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kE2M1Bf16Bytes[0])));
+    __m256i table_hi = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kE2M1Bf16Bytes[1])));
+    __m256i upper_half = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int nibble = 0; nibble < 2; ++nibble) {
+      __m256i lo = _mm256_shuffle_epi8(table_lo, codes[nibble]);
+      __m256i hi = _mm256_shuffle_epi8(table_hi, codes[nibble]);
+      __m256i words[2] = {
+          _mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi)};
+      for (int part = 0; part < 2; ++part) {
+        F* out = d + 4 * nibble + 2 * part;
+        out[0] = _mm256_castsi256_ps(_mm256_slli_epi32(words[part], 16));
+        out[1] = _mm256_castsi256_ps(_mm256_and_si256(words[part], upper_half));
+      }
+    }
   }
   static I load_index(const int32_t* p) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -75,9 +121,8 @@ struct Avx2Vec {
     odd = lookup_e2m1(_mm256_srli_epi32(bytes, 4));
   }
   static F decode_e4m3(const uint8_t* p) {
-    __m256i bytes = _mm256_cvtepu8_epi32(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_i32gather_ps(kE4M3Values.data(), bytes, 4);
+    return e4m3(_mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
   static void store_interleaved(float* dst, F even, F odd) {
     F lo = _mm256_unpacklo_ps(even, odd);  // e0 o0 e1 o1 | e4 o4 e5 o5

@@ -40,6 +40,9 @@ struct Avx512Vec {
   static F mul(F a, F b) {
     return _mm512_mul_ps(a, b);
   }
+  static F add(F a, F b) {
+    return _mm512_add_ps(a, b);
+  }
   static float sum(F v) {
     return _mm512_reduce_add_ps(v);
   }

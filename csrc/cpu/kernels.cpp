@@ -63,6 +63,9 @@ struct ScalarVec {
   static F mul(F a, F b) {
     return a * b;
   }
+  static F add(F a, F b) {
+    return a + b;
+  }
   static float sum(F v) {
     return v;
   }

@@ -36,6 +36,9 @@ struct NeonVec {
   static F mul(F a, F b) {
     return vmulq_f32(a, b);
   }
+  static F add(F a, F b) {
+    return vaddq_f32(a, b);
+  }
   static float sum(F v) {
     return vaddvq_f32(v);
   }

@@ -3,10 +3,12 @@
 //
 // V provides: F (a vector of V::kLanes floats), zero, set1, set2 (lower half
 // of the lanes one value, upper half another), load, store, fma(a, b, c) =
-// a * b + c, mul, sum (horizontal); for the dot kernels an integer vector I
-// with load_words (kLanes 32-bit words), shift_right, e2m1 / e4m3 (table
-// lookups of the low 4 / 8 bits of each lane), load_index and permute
-// (lanes of a float vector picked by index); for dequantizing,
+// a * b + c, mul, add, sum (horizontal); for the dot kernels an integer vector
+// I with load_words (kLanes 32-bit words), shift_right, e2m1 / e4m3 (the
+// values of the low 4 / 8 bits of each lane; e2m1 not needed with
+// decode_e2m1_step and e2m1_step_element, which decode a whole step),
+// load_index and permute (lanes of a float vector picked by index); for
+// dequantizing,
 // decode_e2m1(bytes, even, odd) (2 * kLanes E2M1 codes from kLanes bytes:
 // elements 0, 2, 4, ... and 1, 3, 5, ...), decode_e4m3(bytes) (kLanes E4M3
 // codes) and store_interleaved(dst, even, odd) (2 * kLanes floats back in
@@ -59,7 +61,11 @@ struct SimdKernels {
         dst[g] = decode_e8m0(bytes[g]);
       }
     } else if (w.scale_encoding == ScaleEncoding::e4m3) {
-      for (int64_t g = g0; g < g1; ++g) {
+      int64_t g = g0;
+      for (; g + kLanes <= g1; g += kLanes) {
+        V::store(dst + g, V::decode_e4m3(bytes + g));
+      }
+      for (; g < g1; ++g) {
         dst[g] = kE4M3Values[bytes[g]];
       }
     } else {
@@ -147,108 +153,221 @@ struct SimdKernels {
     }
   }
 
-  // Dot steps read kLanes 32-bit words of codes. Vector i of a step holds, in
-  // lane j, the code of element j * kPerWord + i: decoding takes one shift
-  // and one table lookup per vector, and x is arranged to match once.
+  // A dot step decodes kLanes 32-bit words of codes (kDotStep elements) into
+  // kPerWord vectors. By default vector i holds, in lane j, the code of
+  // element j * kPerWord + i (one shift and one table lookup per vector); an
+  // ISA may decode a whole E2M1 step its own way (V::decode_e2m1_step, lanes
+  // ordered by V::e2m1_step_element). x is arranged to match once per call.
   template <int kBits>
   static constexpr int kPerWord = 32 / kBits;
   template <int kBits>
   static constexpr int kDotStep = kLanes * kPerWord<kBits>;
-
   template <int kBits>
-  static void arrange(const float* x, int64_t K, float* dst) {
-    constexpr int P = kPerWord<kBits>;
-    int64_t k = 0;
-    for (; k + kDotStep<kBits> <= K; k += kDotStep<kBits>) {
-      for (int i = 0; i < P; ++i) {
-        for (int j = 0; j < kLanes; ++j) {
-          dst[k + i * kLanes + j] = x[k + j * P + i];
-        }
-      }
-    }
-    for (; k < K; ++k) {
-      dst[k] = x[k];
+  static constexpr int64_t kDotStepBytes = kDotStep<kBits> * kBits / 8;
+  static constexpr bool kOwnE2M1Step =
+      requires(const uint8_t* p, F* d) { V::decode_e2m1_step(p, d); };
+
+  // The element (from the step's first) that lane `lane` of vector v holds.
+  template <int kBits>
+  static constexpr int step_element(int v, int lane) {
+    if constexpr (kBits == 4 && kOwnE2M1Step) {
+      return V::e2m1_step_element(v, lane);
+    } else {
+      return lane * kPerWord<kBits> + v;
     }
   }
 
   template <int kBits>
-  static F decode_lane_codes(typename V::I words, int i) {
-    if constexpr (kBits == 4) {
-      return V::e2m1(V::shift_right(words, 4 * i));
+  static void decode_step(const uint8_t* codes, F* d) {
+    if constexpr (kBits == 4 && kOwnE2M1Step) {
+      V::decode_e2m1_step(codes, d);
     } else {
-      return V::e4m3(V::shift_right(words, 8 * i));
+      auto words = V::load_words(codes);
+      MLX_FPQMM_UNROLL
+      for (int i = 0; i < kPerWord<kBits>; ++i) {
+        if constexpr (kBits == 4) {
+          d[i] = V::e2m1(V::shift_right(words, 4 * i));
+        } else {
+          d[i] = V::e4m3(V::shift_right(words, 8 * i));
+        }
+      }
+    }
+  }
+
+  // Groups of 16 elements may differ between the vectors of a step: vectors
+  // then fall in two scale classes, by the 16-element half of 32 that their
+  // lane 0 reads. Every lane of the vectors of a class has the same group as
+  // the class's first vector, for groups of 16 and wider (checked here for
+  // every ISA's order).
+  template <int kBits>
+  static constexpr int scale_class(int v) {
+    return (step_element<kBits>(v, 0) >> 4) & 1;
+  }
+  template <int kBits>
+  static constexpr int class_vector(int c) {
+    for (int v = 0; v < kPerWord<kBits>; ++v) {
+      if (scale_class<kBits>(v) == c) {
+        return v;
+      }
+    }
+    return 0;
+  }
+  template <int kBits>
+  static constexpr bool classes_share_groups() {
+    for (int shift = 4; shift <= 5; ++shift) {
+      for (int v = 0; v < kPerWord<kBits>; ++v) {
+        int first = class_vector<kBits>(shift == 4 ? scale_class<kBits>(v) : 0);
+        for (int lane = 0; lane < kLanes; ++lane) {
+          if (step_element<kBits>(v, lane) >> shift !=
+              step_element<kBits>(first, lane) >> shift) {
+            return false;
+          }
+        }
+      }
+    }
+    return true;
+  }
+  static_assert(classes_share_groups<4>() && classes_share_groups<8>());
+
+  // x in step order, zero-padded to whole steps (the last, partial step of W
+  // is decoded from a zero-padded copy, so zeros meet zeros).
+  template <int kBits>
+  static int64_t padded_length(int64_t K) {
+    return (K + kDotStep<kBits> - 1) / kDotStep<kBits> * kDotStep<kBits>;
+  }
+  template <int kBits>
+  static void arrange(const float* x, int64_t K, float* dst) {
+    int64_t full = K - K % kDotStep<kBits>;
+    for (int64_t k = 0; k < full; k += kDotStep<kBits>) {
+      MLX_FPQMM_UNROLL
+      for (int v = 0; v < kPerWord<kBits>; ++v) {
+        MLX_FPQMM_UNROLL
+        for (int lane = 0; lane < kLanes; ++lane) {
+          dst[k + v * kLanes + lane] = x[k + step_element<kBits>(v, lane)];
+        }
+      }
+    }
+    if (full < K) {
+      for (int v = 0; v < kPerWord<kBits>; ++v) {
+        for (int lane = 0; lane < kLanes; ++lane) {
+          int64_t element = full + step_element<kBits>(v, lane);
+          dst[full + v * kLanes + lane] = element < K ? x[element] : 0.0f;
+        }
+      }
     }
   }
 
   // R consecutive rows of W (codes and decoded scales, `stride` floats per
-  // row) against MB rows of arranged x, all of K. One row at a time (when x
-  // fits in L1) keeps a single sequential stream per thread, which the
-  // prefetchers follow best; see for_w_rows.
-  template <int kBits, int R, int MB>
+  // row) against MB rows of arranged x (`ldx` floats apart), all of K.
+  // One x row: each class's products are summed in two chains and scaled
+  // once per step; R rows of W share each load of x (see for_w_rows).
+  // Several x rows (R = 1): each decoded vector is scaled once and used by
+  // every x row, so W is decoded once for all of them.
+  template <int kBits, int R, int MB, int kClasses>
   MLX_FPQMM_FLATTEN static void dot_block(
       const QuantizedMatrix& w,
       int64_t row,
       const float* scales,
       int64_t stride,
       const float* xa,
+      int64_t ldx,
       float* out,
       int64_t ldo) {
+    static_assert(MB == 1 || R == 1);
     constexpr int P = kPerWord<kBits>;
+    // Independent accumulator chains per (row of W, row of x): enough to
+    // hide the FMA latency, few enough to stay in registers.
+    constexpr int kChains = MB == 1 ? (R == 1 ? 2 : 1) : std::max(1, 8 / MB);
     int64_t K = w.cols;
     int64_t full = K - K % kDotStep<kBits>;
     int shift = group_shift(w);
-    // Lane j's group, relative to the step's first group.
-    alignas(64) int32_t lane_groups[kLanes];
-    for (int j = 0; j < kLanes; ++j) {
-      lane_groups[j] = (j * P) >> shift;
+    // Lane j's group in class c, relative to the step's first group.
+    alignas(64) int32_t lane_groups[kClasses][kLanes];
+    for (int c = 0; c < kClasses; ++c) {
+      for (int j = 0; j < kLanes; ++j) {
+        lane_groups[c][j] =
+            step_element<kBits>(class_vector<kBits>(c), j) >> shift;
+      }
     }
-    auto groups = V::load_index(lane_groups);
-    F acc[R][MB];
+    typename V::I groups[kClasses];
+    for (int c = 0; c < kClasses; ++c) {
+      groups[c] = V::load_index(lane_groups[c]);
+    }
+    F acc[R][MB][kChains];
     MLX_FPQMM_UNROLL
     for (int r = 0; r < R; ++r) {
       MLX_FPQMM_UNROLL
       for (int m = 0; m < MB; ++m) {
-        acc[r][m] = V::zero();
+        MLX_FPQMM_UNROLL
+        for (int k = 0; k < kChains; ++k) {
+          acc[r][m][k] = V::zero();
+        }
       }
     }
+    auto step = [&](int r, const uint8_t* codes, int64_t c) {
+      F d[P];
+      decode_step<kBits>(codes, d);
+      F s[kClasses];
+      MLX_FPQMM_UNROLL
+      for (int k = 0; k < kClasses; ++k) {
+        s[k] =
+            V::permute(V::load(scales + r * stride + (c >> shift)), groups[k]);
+      }
+      const float* xs = xa + c;
+      if constexpr (MB == 1) {
+        F p[kClasses][2];
+        MLX_FPQMM_UNROLL
+        for (int k = 0; k < kClasses; ++k) {
+          p[k][0] = V::zero();
+          p[k][1] = V::zero();
+        }
+        MLX_FPQMM_UNROLL
+        for (int v = 0; v < P; ++v) {
+          F& chain = p[scale_class<kBits>(v) % kClasses][v % 2];
+          chain = V::fma(d[v], V::load(xs + v * kLanes), chain);
+        }
+        MLX_FPQMM_UNROLL
+        for (int k = 0; k < kClasses; ++k) {
+          F& first = acc[r][0][0];
+          F& second = acc[r][0][kChains - 1];
+          first = V::fma(p[k][0], s[k], first);
+          second = V::fma(p[k][1], s[k], second);
+        }
+      } else {
+        MLX_FPQMM_UNROLL
+        for (int v = 0; v < P; ++v) {
+          F scaled = V::mul(d[v], s[scale_class<kBits>(v) % kClasses]);
+          MLX_FPQMM_UNROLL
+          for (int m = 0; m < MB; ++m) {
+            F& chain = acc[0][m][v % kChains];
+            chain = V::fma(scaled, V::load(xs + m * ldx + v * kLanes), chain);
+          }
+        }
+      }
+    };
     for (int64_t c = 0; c < full; c += kDotStep<kBits>) {
       MLX_FPQMM_UNROLL
       for (int r = 0; r < R; ++r) {
-        const uint8_t* step = w.row(row + r) + c * kBits / 8;
-        __builtin_prefetch(step + kPrefetchDistance, 0, 2);
-        auto words = V::load_words(step);
-        F s = V::permute(V::load(scales + r * stride + (c >> shift)), groups);
-        // Two partial sums per x row halve the dependent-FMA chains.
-        F p[MB][2];
-        MLX_FPQMM_UNROLL
-        for (int m = 0; m < MB; ++m) {
-          p[m][0] = V::zero();
-          p[m][1] = V::zero();
-        }
-        MLX_FPQMM_UNROLL
-        for (int i = 0; i < P; ++i) {
-          F d = decode_lane_codes<kBits>(words, i);
-          MLX_FPQMM_UNROLL
-          for (int m = 0; m < MB; ++m) {
-            p[m][i % 2] =
-                V::fma(d, V::load(xa + m * K + c + i * kLanes), p[m][i % 2]);
-          }
-        }
-        MLX_FPQMM_UNROLL
-        for (int m = 0; m < MB; ++m) {
-          acc[r][m] = V::fma(p[m][0], s, acc[r][m]);
-          acc[r][m] = V::fma(p[m][1], s, acc[r][m]);
-        }
+        const uint8_t* codes = w.row(row + r) + c * kBits / 8;
+        __builtin_prefetch(codes + kPrefetchDistance, 0, 2);
+        step(r, codes, c);
+      }
+    }
+    if (full < K) {
+      alignas(64) uint8_t tail[kDotStepBytes<kBits>] = {};
+      for (int r = 0; r < R; ++r) {
+        std::copy_n(
+            w.row(row + r) + full * kBits / 8, (K - full) * kBits / 8, tail);
+        step(r, tail, full);
       }
     }
     for (int r = 0; r < R; ++r) {
       for (int m = 0; m < MB; ++m) {
-        float total = V::sum(acc[r][m]);
-        for (int64_t c = full; c < K; ++c) {
-          total += xa[m * K + c] * code_value(w, row + r, c) *
-                   scales[r * stride + (c >> shift)];
+        F total = acc[r][m][0];
+        for (int k = 1; k < kChains; ++k) {
+          total = V::add(total, acc[r][m][k]);
         }
-        out[m * ldo + r] = total;
+        out[m * ldo + r] = V::sum(total);
       }
     }
   }
@@ -291,7 +410,32 @@ struct SimdKernels {
     }
   }
 
-  template <int kBits>
+  // Calls body.template operator()<MB>(m) over blocks of up to kMaxRows rows
+  // of x, as evenly sized as possible.
+  static constexpr int kMaxRows = 8;
+  template <typename Body>
+  static void for_x_blocks(int64_t M, Body&& body) {
+    int64_t blocks = (M + kMaxRows - 1) / kMaxRows;
+    for (int64_t m = 0, b = 0; b < blocks; ++b) {
+      int64_t rows = (M - m) / (blocks - b);
+      with_count<kMaxRows>(
+          rows, [&]<int MB>() { body.template operator()<MB>(m); });
+      m += rows;
+    }
+  }
+
+  template <int kMax, typename Body>
+  static void with_count(int64_t count, Body&& body) {
+    if constexpr (kMax > 1) {
+      if (count < kMax) {
+        with_count<kMax - 1>(count, body);
+        return;
+      }
+    }
+    body.template operator()<kMax>();
+  }
+
+  template <int kBits, int kClasses>
   static void dot_impl(
       const QuantizedMatrix& w,
       const float* x,
@@ -301,24 +445,46 @@ struct SimdKernels {
       float* out,
       int64_t ldo) {
     int64_t K = w.cols;
-    float* xa = scratch<float>(0, M * K);
+    int64_t ldx = padded_length<kBits>(K);
+    float* xa = scratch<float>(0, M * ldx);
     for (int64_t m = 0; m < M; ++m) {
-      arrange<kBits>(x + m * K, K, xa + m * K);
+      arrange<kBits>(x + m * K, K, xa + m * ldx);
     }
-    int64_t stride = w.groups() + kScalePadding;
+    int64_t groups = w.groups();
+    int64_t stride = groups + kScalePadding;
     float* scales = scratch<float>(1, kRowBlock * stride);
-    for_w_rows(M, K * sizeof(float), n0, n1, [&]<int R>(int64_t n) {
+    auto decode_row_scales = [&](int R, int64_t n) {
       for (int r = 0; r < R; ++r) {
-        decode_scales(w, n + r, scales + r * stride, 0, w.groups());
+        decode_scales(w, n + r, scales + r * stride, 0, groups);
+        // The padded last step's groups scale zeros: keep them finite.
+        std::fill_n(scales + r * stride + groups, kScalePadding, 0.0f);
       }
-      for_row_blocks(M, [&]<int MB>(int64_t m) {
-        dot_block<kBits, R, MB>(
-            w, n, scales, stride, xa + m * K, out + m * ldo + n - n0, ldo);
+    };
+    if (M == 1) {
+      for_w_rows(M, K * sizeof(float), n0, n1, [&]<int R>(int64_t n) {
+        decode_row_scales(R, n);
+        dot_block<kBits, R, 1, kClasses>(
+            w, n, scales, stride, xa, ldx, out + n - n0, ldo);
+        redo_nonfinite_rows(w, n, R, scales, stride, x, M, out + n - n0, ldo);
       });
-      redo_nonfinite_rows(w, n, R, scales, stride, x, M, out + n - n0, ldo);
-    });
+      return;
+    }
+    for (int64_t n = n0; n < n1; ++n) {
+      decode_row_scales(1, n);
+      for_x_blocks(M, [&]<int MB>(int64_t m) {
+        dot_block<kBits, 1, MB, kClasses>(
+            w,
+            n,
+            scales,
+            stride,
+            xa + m * ldx,
+            ldx,
+            out + m * ldo + n - n0,
+            ldo);
+      });
+      redo_nonfinite_rows(w, n, 1, scales, stride, x, M, out + n - n0, ldo);
+    }
   }
-
   static void dot(
       const QuantizedMatrix& w,
       const float* x,
@@ -327,8 +493,13 @@ struct SimdKernels {
       int64_t n1,
       float* out,
       int64_t ldo) {
-    with_code_bits(
-        w.bits, [&](auto bits) { dot_impl<bits>(w, x, M, n0, n1, out, ldo); });
+    with_code_bits(w.bits, [&](auto bits) {
+      if (w.group_size < 32) {
+        dot_impl<bits, 2>(w, x, M, n0, n1, out, ldo);
+      } else {
+        dot_impl<bits, 1>(w, x, M, n0, n1, out, ldo);
+      }
+    });
   }
 
   // Decodes columns [c0, c1) of row r, scaled, into dst in element order.
