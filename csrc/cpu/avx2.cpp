@@ -138,6 +138,8 @@ const IsaKernels* avx2_kernels() {
   using K = SimdKernels<Avx2Vec>;
   static const IsaKernels kernels{
       "avx2",
+      12,  // Zen 3, mxfp4 14336 x 4096, 2 threads: M = 8 15.5 ms fused vs 19.4
+           // sgemm, M = 16 30.9 vs 24.5
       K::dot,
       K::axpy,
       K::dequantize,

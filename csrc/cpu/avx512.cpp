@@ -601,6 +601,7 @@ void gemm_bf16_entry(
 const IsaKernels* avx512_kernels() {
   static const IsaKernels kernels{
       "avx512",
+      96,  // Zen 4
       Kernels::dot,
       Kernels::axpy,
       Kernels::dequantize,

@@ -177,6 +177,7 @@ const IsaKernels* portable_kernels() {
   using K = SimdKernels<ScalarVec>;
   static const IsaKernels kernels{
       "portable",
+      96,  // not measured: the Zen 4 value
       K::dot,
       K::axpy,
       K::dequantize,

@@ -138,6 +138,11 @@ float dot_by_element(
 struct IsaKernels {
   const char* name;
 
+  // From this many rows of x on, float32 x takes OpenBLAS/Accelerate sgemm on
+  // dequantized panels instead of dot / axpy (measured per ISA: the faster
+  // the fused kernels, the more rows the panels need to pay for themselves).
+  int64_t sgemm_min_rows;
+
   // out[m * ldo + n - n0] = sum_k x[m * w.cols + k] * W[n, k], for m < M and
   // n in [n0, n1): the small-M product x @ W^T, decode fused into the dots.
   void (*dot)(

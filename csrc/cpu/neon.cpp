@@ -117,6 +117,7 @@ const IsaKernels* neon_kernels() {
   using K = SimdKernels<NeonVec>;
   static const IsaKernels kernels{
       "neon",
+      96,  // not measured: the Zen 4 value
       K::dot,
       K::axpy,
       K::dequantize,

@@ -32,10 +32,9 @@ constexpr int64_t kGemmBf16Grain = 64;
 constexpr int64_t kArrangeGrain = 16;
 // Columns of a dequantized panel: 128 x 2048 floats is 1 MiB.
 constexpr int64_t kPanelDepth = 2048;
-// From this many rows of x on, a GEMM beats the fused kernels (measured on
-// Zen 4: the bf16 GEMM kernel overtakes the bf16 dots early, OpenBLAS's
-// sgemm on dequantized panels needs more rows to pay for the panels).
-constexpr int64_t kGemmMinRowsF32 = 96;
+// From this many rows of bfloat16 x on, the bf16 GEMM kernel beats the bf16
+// dots (measured on Zen 4); float32 x has its threshold per ISA
+// (IsaKernels::sgemm_min_rows).
 constexpr int64_t kGemmMinRowsBf16 = 12;
 
 bool cpu_has_avx2() {
@@ -256,7 +255,7 @@ void qmm(const QmmArgs& args) {
     });
     x = converted.data();
   }
-  if (args.M >= gemm_min_rows(kGemmMinRowsF32) && has_sgemm()) {
+  if (args.M >= gemm_min_rows(kernels.sgemm_min_rows) && has_sgemm()) {
     gemm_f32(args, w, x);
   } else if (args.transpose) {
     for_output_blocks(
