@@ -193,7 +193,8 @@ def test_dot_tails_and_row_counts(isa, monkeypatch, mode):
         check(x.astype(mx.bfloat16), w_q, scales, mode, True, group_size)
 
 
-def test_thread_count_does_not_change_results():
+@pytest.mark.parametrize("gemm_min_m", ["1000", "1"], ids=["fused", "sgemm"])
+def test_thread_count_does_not_change_results(gemm_min_m):
     script = """
 import mlx.core as mx, mlx_fpqmm, numpy as np, sys
 mx.random.seed(1)
@@ -204,7 +205,7 @@ np.save(sys.argv[1], np.concatenate([np.array(y).ravel() for y in ys]))
     results = []
     for threads in ("1", "3"):
         out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fpqmm_threads_{threads}.npy")
-        env = dict(os.environ, MLX_FPQMM_NUM_THREADS=threads)
+        env = dict(os.environ, MLX_FPQMM_NUM_THREADS=threads, MLX_FPQMM_CPU_GEMM_MIN_M=gemm_min_m)
         subprocess.run([sys.executable, "-c", script, out], check=True, env=env)
         results.append(np.load(out))
     np.testing.assert_array_equal(results[0], results[1])

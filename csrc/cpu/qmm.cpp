@@ -155,47 +155,67 @@ void for_output_blocks(const QmmArgs& args, int64_t grain, Body&& body) {
   });
 }
 
-// x @ W^T or x @ W through a float32 GEMM on dequantized panels of W.
-void gemm_f32(const QmmArgs& args, const QuantizedMatrix& w, const float* x) {
+// Output columns [n0, n1) of x @ W^T or x @ W: W dequantized into a panel
+// kPanelDepth deep at a time, each feeding sgemm.
+void gemm_panel(
+    const QmmArgs& args,
+    const QuantizedMatrix& w,
+    const float* x,
+    int64_t n0,
+    int64_t n1,
+    float* out,
+    int64_t ldo) {
   const IsaKernels& kernels = select_kernels();
   int64_t K = args.K;
+  thread_local std::vector<float> panel;
+  int64_t width = n1 - n0;
+  panel.resize(width * std::min(K, kPanelDepth));
+  for (int64_t k0 = 0; k0 < K; k0 += kPanelDepth) {
+    int64_t k1 = std::min(K, k0 + kPanelDepth);
+    float beta = k0 == 0 ? 0.0f : 1.0f;
+    if (args.transpose) {
+      kernels.dequantize(w, n0, n1, k0, k1, panel.data(), k1 - k0);
+      sgemm(
+          true,
+          args.M,
+          width,
+          k1 - k0,
+          x + k0,
+          K,
+          panel.data(),
+          k1 - k0,
+          beta,
+          out,
+          ldo);
+    } else {
+      kernels.dequantize(w, k0, k1, n0, n1, panel.data(), width);
+      sgemm(
+          false,
+          args.M,
+          width,
+          k1 - k0,
+          x + k0,
+          K,
+          panel.data(),
+          width,
+          beta,
+          out,
+          ldo);
+    }
+  }
+}
+
+// x @ W^T or x @ W through a float32 GEMM on dequantized panels of W, each
+// kPanelRows output columns from a multiple of kPanelRows however the pool
+// splits the columns (a busy pool runs them all in one block): the panels
+// stay in cache, and sgemm sees the same shapes, so gives the same sums, on
+// any number of threads.
+void gemm_f32(const QmmArgs& args, const QuantizedMatrix& w, const float* x) {
   for_output_blocks(
       args, kPanelRows, [&](int64_t n0, int64_t n1, float* out, int64_t ldo) {
-        thread_local std::vector<float> panel;
-        int64_t width = n1 - n0;
-        panel.resize(width * std::min(K, kPanelDepth));
-        for (int64_t k0 = 0; k0 < K; k0 += kPanelDepth) {
-          int64_t k1 = std::min(K, k0 + kPanelDepth);
-          float beta = k0 == 0 ? 0.0f : 1.0f;
-          if (args.transpose) {
-            kernels.dequantize(w, n0, n1, k0, k1, panel.data(), k1 - k0);
-            sgemm(
-                true,
-                args.M,
-                width,
-                k1 - k0,
-                x + k0,
-                K,
-                panel.data(),
-                k1 - k0,
-                beta,
-                out,
-                ldo);
-          } else {
-            kernels.dequantize(w, k0, k1, n0, n1, panel.data(), width);
-            sgemm(
-                false,
-                args.M,
-                width,
-                k1 - k0,
-                x + k0,
-                K,
-                panel.data(),
-                width,
-                beta,
-                out,
-                ldo);
-          }
+        for (int64_t p0 = n0; p0 < n1; p0 += kPanelRows) {
+          int64_t p1 = std::min(n1, p0 + kPanelRows);
+          gemm_panel(args, w, x, p0, p1, out + (p0 - n0), ldo);
         }
       });
 }
