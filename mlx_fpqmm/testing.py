@@ -222,31 +222,22 @@ def run_metal(
         if plan["reduction"] is not None:
             # Split K's float32 partial sums, NaN until the kernel writes them.
             operands["partials"] = np.full(plan["partials_elements"], np.nan, np.float32)
-        counters = (
-            library(plan["library"])
+        # The kernel, then split K's reduction: the same operands, each its slots.
+        dispatches = [plan] if plan["reduction"] is None else [plan, plan["reduction"]]
+        results = [
+            library(d["library"])
             .dispatch(
-                plan["kernel"],
-                buffers=_bind(plan["buffers"], operands),
-                grid=plan["grid"],
-                threadgroup=plan["threadgroup"],
-                threadgroup_memory=plan["threadgroup_memory"],
-                constants=plan["constants"],
+                d["kernel"],
+                buffers=_bind(d["buffers"], operands),
+                grid=d["grid"],
+                threadgroup=d["threadgroup"],
+                threadgroup_memory=d.get("threadgroup_memory"),
+                constants=d.get("constants"),
             )
             .counters
-        )
-        if plan["reduction"] is not None:
-            reduction = plan["reduction"]
-            sum_counters = (
-                library(reduction["library"])
-                .dispatch(
-                    reduction["kernel"],
-                    buffers=_bind(reduction["buffers"], operands),
-                    grid=reduction["grid"],
-                    threadgroup=reduction["threadgroup"],
-                )
-                .counters
-            )
-            counters = _combined_counters([counters, sum_counters])
+            for d in dispatches
+        ]
+        counters = results[0] if len(results) == 1 else _combined_counters(results)
     y = y.reshape(output_shape)
     if x.dtype == mx.bfloat16:
         y = np.array(mx.array(y).view(mx.bfloat16).astype(mx.float32))
