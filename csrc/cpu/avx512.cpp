@@ -601,7 +601,8 @@ void gemm_bf16_entry(
 const IsaKernels* avx512_kernels() {
   static const IsaKernels kernels{
       "avx512",
-      96,  // Zen 4
+      96,  // Zen 4, both orientations
+      96,
       Kernels::dot,
       Kernels::axpy,
       Kernels::dequantize,

@@ -177,7 +177,8 @@ const IsaKernels* portable_kernels() {
   using K = SimdKernels<ScalarVec>;
   static const IsaKernels kernels{
       "portable",
-      96,  // not measured: the Zen 4 value
+      96,  // not measured: the Zen 4 values
+      96,
       K::dot,
       K::axpy,
       K::dequantize,

@@ -139,9 +139,11 @@ struct IsaKernels {
   const char* name;
 
   // From this many rows of x on, float32 x takes OpenBLAS/Accelerate sgemm on
-  // dequantized panels instead of dot / axpy (measured per ISA: the faster
-  // the fused kernels, the more rows the panels need to pay for themselves).
-  int64_t sgemm_min_rows;
+  // dequantized panels instead of dot (x @ W^T) / axpy (x @ W), measured per
+  // ISA: the faster the fused kernel, the more rows the panels need to pay
+  // for themselves.
+  int64_t sgemm_min_rows_dot;
+  int64_t sgemm_min_rows_axpy;
 
   // out[m * ldo + n - n0] = sum_k x[m * w.cols + k] * W[n, k], for m < M and
   // n in [n0, n1): the small-M product x @ W^T, decode fused into the dots.

@@ -117,7 +117,8 @@ const IsaKernels* neon_kernels() {
   using K = SimdKernels<NeonVec>;
   static const IsaKernels kernels{
       "neon",
-      96,  // not measured: the Zen 4 value
+      96,  // not measured: the Zen 4 values
+      96,
       K::dot,
       K::axpy,
       K::dequantize,

@@ -34,7 +34,7 @@ constexpr int64_t kArrangeGrain = 16;
 constexpr int64_t kPanelDepth = 2048;
 // From this many rows of bfloat16 x on, the bf16 GEMM kernel beats the bf16
 // dots (measured on Zen 4); float32 x has its threshold per ISA
-// (IsaKernels::sgemm_min_rows).
+// (IsaKernels::sgemm_min_rows_dot / _axpy).
 constexpr int64_t kGemmMinRowsBf16 = 12;
 
 bool cpu_has_avx2() {
@@ -275,7 +275,9 @@ void qmm(const QmmArgs& args) {
     });
     x = converted.data();
   }
-  if (args.M >= gemm_min_rows(kernels.sgemm_min_rows) && has_sgemm()) {
+  int64_t sgemm_min_rows =
+      args.transpose ? kernels.sgemm_min_rows_dot : kernels.sgemm_min_rows_axpy;
+  if (args.M >= gemm_min_rows(sgemm_min_rows) && has_sgemm()) {
     gemm_f32(args, w, x);
   } else if (args.transpose) {
     for_output_blocks(
