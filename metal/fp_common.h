@@ -40,6 +40,15 @@ constant bool has_global_scale [[function_constant(FPQMM_CONSTANT_HAS_GLOBAL_SCA
       constant int64_t *scales_batch_strides                                  \
       [[buffer(FPQMM_BUFFER_SCALES_BATCH_STRIDES)]]
 // The extra buffers of the gather kernels.
+// The position parameters of a tiled kernel, and the arguments its *_impl
+// takes from them for tile `tile`.
+#define FPQMM_TILE_POSITION                                \
+  uint3 tgid [[threadgroup_position_in_grid]],             \
+      ushort thread_index [[thread_index_in_threadgroup]], \
+      ushort simdgroup [[simdgroup_index_in_threadgroup]], \
+      ushort lane [[thread_index_in_simdgroup]]
+#define FPQMM_TILE_THREAD(tile) tile, thread_index, simdgroup, lane
+
 #define FPQMM_GATHER_BUFFERS                                                   \
   const device uint32_t *lhs_indices [[buffer(FPQMM_BUFFER_LHS_INDICES)]],     \
       const device uint32_t *rhs_indices [[buffer(FPQMM_BUFFER_RHS_INDICES)]], \

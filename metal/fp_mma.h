@@ -177,22 +177,10 @@ template <typename T, int bits, int BM, bool transpose>
     FPQMM_BUFFERS(T),
     threadgroup T* x_tile [[threadgroup(0)]],
     threadgroup T* w_tile [[threadgroup(1)]],
-    uint3 tgid [[threadgroup_position_in_grid]],
-    ushort thread_index [[thread_index_in_threadgroup]],
-    ushort simdgroup [[simdgroup_index_in_threadgroup]],
-    ushort lane [[thread_index_in_simdgroup]]) {
+    FPQMM_TILE_POSITION) {
   const Operands<T> op = batch_operands<T>(FPQMM_BUFFER_NAMES, tgid.z);
   fp_qmm_impl<T, bits, BM, transpose>(
-      op,
-      op.y,
-      0,
-      op.K,
-      x_tile,
-      w_tile,
-      tgid.xy,
-      thread_index,
-      simdgroup,
-      lane);
+      op, op.y, 0, op.K, x_tile, w_tile, FPQMM_TILE_THREAD(tgid.xy));
 }
 
 // Split K (y = x @ W^T with few tiles): threadgroup z sums K from
@@ -205,10 +193,7 @@ template <typename T, int bits, int BM>
     constant int& split_k_step [[buffer(FPQMM_BUFFER_SPLIT_K_STEP)]],
     threadgroup T* x_tile [[threadgroup(0)]],
     threadgroup T* w_tile [[threadgroup(1)]],
-    uint3 tgid [[threadgroup_position_in_grid]],
-    ushort thread_index [[thread_index_in_threadgroup]],
-    ushort simdgroup [[simdgroup_index_in_threadgroup]],
-    ushort lane [[thread_index_in_simdgroup]]) {
+    FPQMM_TILE_POSITION) {
   const Operands<T> op = batch_operands<T>(FPQMM_BUFFER_NAMES, 0);
   const int k_begin = int(tgid.z) * split_k_step;
   fp_qmm_impl<T, bits, BM, true>(
@@ -218,10 +203,7 @@ template <typename T, int bits, int BM>
       min(K, k_begin + split_k_step),
       x_tile,
       w_tile,
-      tgid.xy,
-      thread_index,
-      simdgroup,
-      lane);
+      FPQMM_TILE_THREAD(tgid.xy));
 }
 
 // y = the sum of the `splits` slices of `partials`, cast to T: one output per
@@ -251,22 +233,10 @@ template <typename T, int bits, int BM, bool transpose>
     FPQMM_GATHER_BUFFERS,
     threadgroup T* x_tile [[threadgroup(0)]],
     threadgroup T* w_tile [[threadgroup(1)]],
-    uint3 tgid [[threadgroup_position_in_grid]],
-    ushort thread_index [[thread_index_in_threadgroup]],
-    ushort simdgroup [[simdgroup_index_in_threadgroup]],
-    ushort lane [[thread_index_in_simdgroup]]) {
+    FPQMM_TILE_POSITION) {
   const Operands<T> op = gather_operands<T, bits>(FPQMM_GATHER_NAMES, tgid.z);
   fp_qmm_impl<T, bits, BM, transpose>(
-      op,
-      op.y,
-      0,
-      op.K,
-      x_tile,
-      w_tile,
-      tgid.xy,
-      thread_index,
-      simdgroup,
-      lane);
+      op, op.y, 0, op.K, x_tile, w_tile, FPQMM_TILE_THREAD(tgid.xy));
 }
 
 // The sorted gather kernel (mixture of experts, one row of x per pair with
@@ -282,25 +252,13 @@ template <typename T, int bits, int BM, bool transpose>
     FPQMM_GATHER_BUFFERS,
     threadgroup T* x_tile [[threadgroup(0)]],
     threadgroup T* w_tile [[threadgroup(1)]],
-    uint3 tgid [[threadgroup_position_in_grid]],
-    ushort thread_index [[thread_index_in_threadgroup]],
-    ushort simdgroup [[simdgroup_index_in_threadgroup]],
-    ushort lane [[thread_index_in_simdgroup]]) {
+    FPQMM_TILE_POSITION) {
   const int rows_end = min(int(tgid.y + 1) * BM, x_matrices);
   for (int first = int(tgid.y) * BM; first < rows_end;) {
     const int end = expert_run_end(rhs_indices, first, rows_end);
     const Operands<T> op = run_operands<T, bits>(FPQMM_RUN_NAMES, first, end);
     fp_qmm_impl<T, bits, BM, transpose>(
-        op,
-        op.y,
-        0,
-        K,
-        x_tile,
-        w_tile,
-        uint2(tgid.x, 0),
-        thread_index,
-        simdgroup,
-        lane);
+        op, op.y, 0, K, x_tile, w_tile, FPQMM_TILE_THREAD(uint2(tgid.x, 0)));
     first = end;
   }
 }

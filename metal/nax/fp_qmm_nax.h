@@ -207,22 +207,10 @@ template <typename T, int bits, int BM>
     FPQMM_BUFFERS(T),
     threadgroup T* x_tile [[threadgroup(0)]],
     threadgroup bfloat* w_tile [[threadgroup(1)]],
-    uint3 tgid [[threadgroup_position_in_grid]],
-    ushort thread_index [[thread_index_in_threadgroup]],
-    ushort simdgroup [[simdgroup_index_in_threadgroup]],
-    ushort lane [[thread_index_in_simdgroup]]) {
+    FPQMM_TILE_POSITION) {
   const Operands<T> op = batch_operands<T>(FPQMM_BUFFER_NAMES, tgid.z);
   fp_qmm_nax_impl<T, bits, BM>(
-      op,
-      op.y,
-      0,
-      op.K,
-      x_tile,
-      w_tile,
-      tgid.xy,
-      thread_index,
-      simdgroup,
-      lane);
+      op, op.y, 0, op.K, x_tile, w_tile, FPQMM_TILE_THREAD(tgid.xy));
 }
 
 // Split K on the NAX tiles, as fp_qmm_split_k on the MMA ones; the base
@@ -234,10 +222,7 @@ template <typename T, int bits, int BM>
     constant int& split_k_step [[buffer(FPQMM_BUFFER_SPLIT_K_STEP)]],
     threadgroup T* x_tile [[threadgroup(0)]],
     threadgroup bfloat* w_tile [[threadgroup(1)]],
-    uint3 tgid [[threadgroup_position_in_grid]],
-    ushort thread_index [[thread_index_in_threadgroup]],
-    ushort simdgroup [[simdgroup_index_in_threadgroup]],
-    ushort lane [[thread_index_in_simdgroup]]) {
+    FPQMM_TILE_POSITION) {
   const Operands<T> op = batch_operands<T>(FPQMM_BUFFER_NAMES, 0);
   const int k_begin = int(tgid.z) * split_k_step;
   fp_qmm_nax_impl<T, bits, BM>(
@@ -247,10 +232,7 @@ template <typename T, int bits, int BM>
       min(K, k_begin + split_k_step),
       x_tile,
       w_tile,
-      tgid.xy,
-      thread_index,
-      simdgroup,
-      lane);
+      FPQMM_TILE_THREAD(tgid.xy));
 }
 
 template <typename T, int bits, int BM>
@@ -259,22 +241,10 @@ template <typename T, int bits, int BM>
     FPQMM_GATHER_BUFFERS,
     threadgroup T* x_tile [[threadgroup(0)]],
     threadgroup bfloat* w_tile [[threadgroup(1)]],
-    uint3 tgid [[threadgroup_position_in_grid]],
-    ushort thread_index [[thread_index_in_threadgroup]],
-    ushort simdgroup [[simdgroup_index_in_threadgroup]],
-    ushort lane [[thread_index_in_simdgroup]]) {
+    FPQMM_TILE_POSITION) {
   const Operands<T> op = gather_operands<T, bits>(FPQMM_GATHER_NAMES, tgid.z);
   fp_qmm_nax_impl<T, bits, BM>(
-      op,
-      op.y,
-      0,
-      op.K,
-      x_tile,
-      w_tile,
-      tgid.xy,
-      thread_index,
-      simdgroup,
-      lane);
+      op, op.y, 0, op.K, x_tile, w_tile, FPQMM_TILE_THREAD(tgid.xy));
 }
 
 // The sorted-runs gather kernel on the NAX tiles (see fp_gather_rhs_qmm).
@@ -284,25 +254,13 @@ template <typename T, int bits, int BM>
     FPQMM_GATHER_BUFFERS,
     threadgroup T* x_tile [[threadgroup(0)]],
     threadgroup bfloat* w_tile [[threadgroup(1)]],
-    uint3 tgid [[threadgroup_position_in_grid]],
-    ushort thread_index [[thread_index_in_threadgroup]],
-    ushort simdgroup [[simdgroup_index_in_threadgroup]],
-    ushort lane [[thread_index_in_simdgroup]]) {
+    FPQMM_TILE_POSITION) {
   const int rows_end = min(int(tgid.y + 1) * BM, x_matrices);
   for (int first = int(tgid.y) * BM; first < rows_end;) {
     const int end = expert_run_end(rhs_indices, first, rows_end);
     const Operands<T> op = run_operands<T, bits>(FPQMM_RUN_NAMES, first, end);
     fp_qmm_nax_impl<T, bits, BM>(
-        op,
-        op.y,
-        0,
-        K,
-        x_tile,
-        w_tile,
-        uint2(tgid.x, 0),
-        thread_index,
-        simdgroup,
-        lane);
+        op, op.y, 0, K, x_tile, w_tile, FPQMM_TILE_THREAD(uint2(tgid.x, 0)));
     first = end;
   }
 }

@@ -123,22 +123,9 @@ struct is_scalar : bool_constant<is_arithmetic_v<T> || std::is_pointer_v<T> || s
 template <class T>
 constexpr bool is_scalar_v = is_scalar<T>::value;
 
+// msim/address_spaces.h (force-included first) holds the rule.
 template <class T>
-struct remove_addrspace {
-  using type = T;
-};
-template <class T>
-struct remove_addrspace<device T> {
-  using type = T;
-};
-template <class T>
-struct remove_addrspace<threadgroup T> {
-  using type = T;
-};
-template <class T>
-struct remove_addrspace<constant T> {
-  using type = T;
-};
+struct remove_addrspace : msim::object_in_space<T> {};
 template <class T>
 using remove_addrspace_t = typename remove_addrspace<T>::type;
 
