@@ -390,30 +390,22 @@ class Function:
 
     def access(self, index: int) -> Access | None:
         line = self.lines[index]
-        m = LOAD.match(line)
-        if m:
-            rest = m.group("rest")
-            if rest.startswith(("atomic", "volatile atomic")) and "addrspace(" in rest:
-                raise InstrumentError(f"atomic loads are not supported: {line.strip()}")
-            rest = re.sub(r"^volatile\s+", "", rest)
-            parts = split_top_level(rest)
-            pointer = pointer_operand(parts[1]) if len(parts) > 1 else None
-            if pointer is None:
-                return None
+        kind, m = "load", LOAD.match(line)
+        if not m:
+            kind, m = "store", STORE.match(line)
+        if not m:
+            return None
+        rest = m.group("rest")
+        if rest.startswith(("atomic", "volatile atomic")) and "addrspace(" in rest:
+            raise InstrumentError(f"atomic {kind}s are not supported: {line.strip()}")
+        parts = split_top_level(re.sub(r"^volatile\s+", "", rest))
+        pointer = pointer_operand(parts[1]) if len(parts) > 1 else None
+        if pointer is None:
+            return None
+        if kind == "load":
             return Access(index, "load", parts[0], *pointer, name=m.group("name"))
-        m = STORE.match(line)
-        if m:
-            rest = m.group("rest")
-            if rest.startswith(("atomic", "volatile atomic")) and "addrspace(" in rest:
-                raise InstrumentError(f"atomic stores are not supported: {line.strip()}")
-            rest = re.sub(r"^volatile\s+", "", rest)
-            parts = split_top_level(rest)
-            pointer = pointer_operand(parts[1]) if len(parts) > 1 else None
-            if pointer is None:
-                return None
-            t, value = split_type(parts[0])
-            return Access(index, "store", t, *pointer, value=value)
-        return None
+        t, value = split_type(parts[0])
+        return Access(index, "store", t, *pointer, value=value)
 
     def kept_lanes(self, value: str, memory: Memory, lanes: int) -> set[int] | None:
         """Lanes of `value` equal to what memory holds there, if it derives from `memory`."""
