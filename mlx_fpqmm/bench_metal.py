@@ -172,13 +172,13 @@ PREFILL_M = (32, 64, 128, 512)
 SIZES = ((512, 512), (2560, 2560), (2112, 512))
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16}
 DEFAULT_SET = {
-    "modes": tuple(mlx_metal.MODES),
+    "modes": tuple(mlx_metal.MLX_MODES),
     "dtypes": ("float16",),
     "ms": (1, 8, 64, 512),
     "sizes": ((512, 512), (2112, 512)),
 }
 FULL_SET = {
-    "modes": tuple(mlx_metal.MODES),
+    "modes": tuple(mlx_metal.MLX_MODES),
     "dtypes": tuple(DTYPES),
     "ms": DECODE_M + PREFILL_M,
     "sizes": SIZES,
@@ -368,7 +368,7 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--json", metavar="FILE", help="with --vs-mlx: save the rows as JSON")
     parser.add_argument("--full", action="store_true", help="with --vs-mlx: every problem")
-    parser.add_argument("--modes", nargs="+", choices=tuple(mlx_metal.MODES))
+    parser.add_argument("--modes", nargs="+", choices=tuple(mlx_metal.MLX_MODES))
     parser.add_argument("--dtypes", nargs="+", choices=tuple(DTYPES))
     parser.add_argument("--m", nargs="+", type=int, help="rows of x")
     parser.add_argument("--sizes", nargs="+", metavar="NxK", help="e.g. 512x512 2112x512")

@@ -27,14 +27,14 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from . import FORMATS
 from ._build_info import MLX_VERSION
+from ._lm import MLX_MODES
 from .testing import check_simulator
 
 KERNEL_SOURCES = Path(__file__).resolve().parent / "mlx_metal_kernels"
 CACHE_ENV = "MLX_FPQMM_CACHE_DIR"
 
-# mode -> (group size, bits): MLX's fp modes.
-MODES = {"mxfp4": (32, 4), "nvfp4": (16, 4), "mxfp8": (32, 8)}
 # MLX's two spellings of a dtype: get_type_string (kernel names and template
 # arguments) and type_to_name (the steel kernels' names).
 TYPE_STRINGS = {mx.float32: "float", mx.float16: "float16_t", mx.bfloat16: "bfloat16_t"}
@@ -182,11 +182,11 @@ def mlx_plan(
     ``kernel`` forces a family: "qmv" (what ``dispatch_qmv`` picks), "qmm_t",
     "splitk" or "nax"; "auto" is MLX's choice.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
+    if mode not in MLX_MODES:
+        raise ValueError(f"mode must be one of {', '.join(MLX_MODES)}, got {mode!r}.")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}.")
-    group_size, bits = MODES[mode]
+    group_size, bits = FORMATS[mode]["default_group_size"], FORMATS[mode]["bits"]
     type_string = TYPE_STRINGS[dtype]
     name = f"{type_string}_gs_{group_size}_b_{bits}"
     args = (type_string, str(group_size), str(bits))
