@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -13,6 +14,36 @@
 namespace mlx_fpqmm::cpu {
 
 namespace {
+
+// Workers and the caller poll for a while before sleeping: waking a thread
+// from a futex costs tens of microseconds (more in VMs), as much as a whole
+// matrix-vector product of a few MiB, and calls come back to back while a
+// model generates. Long enough to span one layer's other work, short enough
+// that an idle process gives its cores back at once.
+constexpr auto kSpinTime = std::chrono::microseconds(200);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Polls ready() until it holds or kSpinTime has passed; returns ready().
+template <typename Ready>
+bool spin_until(Ready&& ready) {
+  auto deadline = std::chrono::steady_clock::now() + kSpinTime;
+  while (!ready()) {
+    for (int i = 0; i < 64; ++i) {
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return ready();
+    }
+  }
+  return true;
+}
 
 int configured_threads() {
   if (const char* value = std::getenv("MLX_FPQMM_NUM_THREADS")) {
@@ -51,12 +82,15 @@ class ThreadPool {
       job_ = {&body, n, grain, chunks};
       next_chunk_ = 0;
       busy_workers_ = static_cast<int>(workers_.size());
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     run_chunks();
+    if (spin_until([this] { return busy_workers_.load() == 0; })) {
+      return;
+    }
     std::unique_lock lock(mutex_);
-    done_.wait(lock, [this] { return busy_workers_ == 0; });
+    done_.wait(lock, [this] { return busy_workers_.load() == 0; });
   }
 
  private:
@@ -77,12 +111,15 @@ class ThreadPool {
 
   void work() {
     uint64_t seen = 0;
+    auto has_job = [&] {
+      return generation_.load(std::memory_order_acquire) != seen;
+    };
     while (true) {
-      {
+      if (!spin_until(has_job)) {
         std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return generation_ != seen; });
-        seen = generation_;
+        wake_.wait(lock, has_job);
       }
+      seen = generation_.load(std::memory_order_acquire);
       run_chunks();
       std::lock_guard lock(mutex_);
       if (--busy_workers_ == 0) {
@@ -98,8 +135,10 @@ class ThreadPool {
   std::condition_variable done_;
   Job job_;
   std::atomic<int64_t> next_chunk_{0};
-  int busy_workers_ = 0;
-  uint64_t generation_ = 0;
+  std::atomic<int> busy_workers_{0};
+  // Bumped under mutex_ for each job, so a worker that stops polling and
+  // waits on wake_ cannot miss one.
+  std::atomic<uint64_t> generation_{0};
 };
 
 // The pool is created on first use; a forked child starts a fresh one
