@@ -138,10 +138,10 @@ const IsaKernels* avx2_kernels() {
   using K = SimdKernels<Avx2Vec>;
   static const IsaKernels kernels{
       "avx2",
-      // Zen 3, mxfp4 14336 x 4096, 2 threads: x @ W^T M = 8 15.5 ms fused vs
-      // 19.4 sgemm, M = 16 30.9 vs 24.5; x @ W M = 2 19.2 vs 29.5, M = 4
+      // Zen 3, mxfp4 14336 x 4096, 2 threads: x @ W^T M = 16 20.3 ms panels
+      // vs 25.0 sgemm, M = 24 30.8 vs 28.6; x @ W M = 2 19.2 vs 29.5, M = 4
       // 30.4 vs 29.4, M = 8 52.4 vs 30.0.
-      12,
+      20,
       4,
       K::dot,
       K::axpy,

@@ -301,9 +301,7 @@ void dot_bf16_impl(
   int64_t stride = w.groups() + kScalePadding;
   float* scales = scratch<float>(1, Kernels::kRowBlock * stride);
   Kernels::for_w_rows(M, K * sizeof(bf16_bits), n0, n1, [&]<int R>(int64_t n) {
-    for (int r = 0; r < R; ++r) {
-      Kernels::decode_scales(w, n + r, scales + r * stride, 0, w.groups());
-    }
+    Kernels::decode_row_scales(w, n, R, scales, stride);
     Kernels::for_row_blocks(M, [&]<int MB>(int64_t m) {
       dot_bf16_block<kBits, R, MB>(
           w,

@@ -79,6 +79,20 @@ struct SimdKernels {
     }
   }
 
+  // The scales of rows [n, n + R) of W, `stride` floats per row, for the
+  // dot kernels: the padded last step's groups scale zeros, kept finite.
+  static void decode_row_scales(
+      const QuantizedMatrix& w,
+      int64_t n,
+      int R,
+      float* scales,
+      int64_t stride) {
+    for (int r = 0; r < R; ++r) {
+      decode_scales(w, n + r, scales + r * stride, 0, w.groups());
+      std::fill_n(scales + r * stride + w.groups(), kScalePadding, 0.0f);
+    }
+  }
+
   // log2 of the group size (a power of two): shifts, not divisions, in the
   // inner loops.
   static int group_shift(const QuantizedMatrix& w) {
@@ -257,31 +271,9 @@ struct SimdKernels {
     }
   }
 
-  // R consecutive rows of W (codes and decoded scales, `stride` floats per
-  // row) against MB rows of arranged x (`ldx` floats apart), all of K.
-  // One x row: each class's products are summed in two chains and scaled
-  // once per step; R rows of W share each load of x (see for_w_rows).
-  // Several x rows (R = 1): each decoded vector is scaled once and used by
-  // every x row, so W is decoded once for all of them.
-  template <int kBits, int R, int MB, int kClasses>
-  MLX_FPQMM_FLATTEN static void dot_block(
-      const QuantizedMatrix& w,
-      int64_t row,
-      const float* scales,
-      int64_t stride,
-      const float* xa,
-      int64_t ldx,
-      float* out,
-      int64_t ldo) {
-    static_assert(MB == 1 || R == 1);
-    constexpr int P = kPerWord<kBits>;
-    // Independent accumulator chains per (row of W, row of x): enough to
-    // hide the FMA latency, few enough to stay in registers.
-    constexpr int kChains = MB == 1 ? (R == 1 ? 2 : 1) : std::max(1, 8 / MB);
-    int64_t K = w.cols;
-    int64_t full = K - K % kDotStep<kBits>;
-    int shift = group_shift(w);
-    // Lane j's group in class c, relative to the step's first group.
+  // Lane j's group in scale class c, relative to the step's first group.
+  template <int kBits, int kClasses>
+  static void load_lane_groups(int shift, typename V::I* groups) {
     alignas(64) int32_t lane_groups[kClasses][kLanes];
     for (int c = 0; c < kClasses; ++c) {
       for (int j = 0; j < kLanes; ++j) {
@@ -289,86 +281,336 @@ struct SimdKernels {
             step_element<kBits>(class_vector<kBits>(c), j) >> shift;
       }
     }
-    typename V::I groups[kClasses];
     for (int c = 0; c < kClasses; ++c) {
       groups[c] = V::load_index(lane_groups[c]);
     }
-    F acc[R][MB][kChains];
+  }
+
+  // The scales of each class's lanes for the step at column c.
+  template <int kClasses>
+  static void step_scales(
+      const float* scales,
+      int64_t c,
+      int shift,
+      const typename V::I* groups,
+      F* s) {
+    MLX_FPQMM_UNROLL
+    for (int k = 0; k < kClasses; ++k) {
+      s[k] = V::permute(V::load(scales + (c >> shift)), groups[k]);
+    }
+  }
+
+  // Calls step(codes, c) for every dot step of row r of W in [c0, c1) (c0 a
+  // multiple of kDotStep): the last, partial step of the row from a
+  // zero-padded copy.
+  template <int kBits, typename Step>
+  static void for_row_steps(
+      const QuantizedMatrix& w,
+      int64_t r,
+      int64_t c0,
+      int64_t c1,
+      Step&& step) {
+    int64_t K = w.cols;
+    int64_t full = std::min(c1, K - K % kDotStep<kBits>);
+    const uint8_t* row = w.row(r);
+    int64_t c = c0;
+    for (; c < full; c += kDotStep<kBits>) {
+      const uint8_t* codes = row + c * kBits / 8;
+      __builtin_prefetch(codes + kPrefetchDistance, 0, 2);
+      step(codes, c);
+    }
+    if (c < c1 && c < K) {
+      alignas(64) uint8_t tail[kDotStepBytes<kBits>] = {};
+      std::copy_n(row + c * kBits / 8, (K - c) * kBits / 8, tail);
+      step(tail, c);
+    }
+  }
+
+  // R consecutive rows of W (codes and decoded scales, `stride` floats per
+  // row) against one row of arranged x, all of K: each class's products are
+  // summed in two chains and scaled once per step; R rows of W share each
+  // load of x (see for_w_rows).
+  template <int kBits, int R, int kClasses>
+  MLX_FPQMM_FLATTEN static void dot_block(
+      const QuantizedMatrix& w,
+      int64_t row,
+      const float* scales,
+      int64_t stride,
+      const float* xa,
+      float* out) {
+    constexpr int P = kPerWord<kBits>;
+    // Independent accumulator chains per row of W: enough to hide the FMA
+    // latency, few enough to stay in registers.
+    constexpr int kChains = R == 1 ? 2 : 1;
+    int shift = group_shift(w);
+    typename V::I groups[kClasses];
+    load_lane_groups<kBits, kClasses>(shift, groups);
+    F acc[R][kChains];
     MLX_FPQMM_UNROLL
     for (int r = 0; r < R; ++r) {
       MLX_FPQMM_UNROLL
-      for (int m = 0; m < MB; ++m) {
-        MLX_FPQMM_UNROLL
-        for (int k = 0; k < kChains; ++k) {
-          acc[r][m][k] = V::zero();
-        }
+      for (int k = 0; k < kChains; ++k) {
+        acc[r][k] = V::zero();
       }
     }
     auto step = [&](int r, const uint8_t* codes, int64_t c) {
       F d[P];
       decode_step<kBits>(codes, d);
       F s[kClasses];
+      step_scales<kClasses>(scales + r * stride, c, shift, groups, s);
+      const float* xs = xa + c;
+      F p[kClasses][2];
       MLX_FPQMM_UNROLL
       for (int k = 0; k < kClasses; ++k) {
-        s[k] =
-            V::permute(V::load(scales + r * stride + (c >> shift)), groups[k]);
+        p[k][0] = V::zero();
+        p[k][1] = V::zero();
       }
-      const float* xs = xa + c;
-      if constexpr (MB == 1) {
-        F p[kClasses][2];
-        MLX_FPQMM_UNROLL
-        for (int k = 0; k < kClasses; ++k) {
-          p[k][0] = V::zero();
-          p[k][1] = V::zero();
-        }
-        MLX_FPQMM_UNROLL
-        for (int v = 0; v < P; ++v) {
-          F& chain = p[scale_class<kBits>(v) % kClasses][v % 2];
-          chain = V::fma(d[v], V::load(xs + v * kLanes), chain);
-        }
-        MLX_FPQMM_UNROLL
-        for (int k = 0; k < kClasses; ++k) {
-          F& first = acc[r][0][0];
-          F& second = acc[r][0][kChains - 1];
-          first = V::fma(p[k][0], s[k], first);
-          second = V::fma(p[k][1], s[k], second);
-        }
-      } else {
-        MLX_FPQMM_UNROLL
-        for (int v = 0; v < P; ++v) {
-          F scaled = V::mul(d[v], s[scale_class<kBits>(v) % kClasses]);
-          MLX_FPQMM_UNROLL
-          for (int m = 0; m < MB; ++m) {
-            F& chain = acc[0][m][v % kChains];
-            chain = V::fma(scaled, V::load(xs + m * ldx + v * kLanes), chain);
-          }
-        }
+      MLX_FPQMM_UNROLL
+      for (int v = 0; v < P; ++v) {
+        F& chain = p[scale_class<kBits>(v) % kClasses][v % 2];
+        chain = V::fma(d[v], V::load(xs + v * kLanes), chain);
+      }
+      MLX_FPQMM_UNROLL
+      for (int k = 0; k < kClasses; ++k) {
+        F& first = acc[r][0];
+        F& second = acc[r][kChains - 1];
+        first = V::fma(p[k][0], s[k], first);
+        second = V::fma(p[k][1], s[k], second);
       }
     };
-    for (int64_t c = 0; c < full; c += kDotStep<kBits>) {
-      MLX_FPQMM_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* codes = w.row(row + r) + c * kBits / 8;
-        __builtin_prefetch(codes + kPrefetchDistance, 0, 2);
-        step(r, codes, c);
+    if constexpr (R == 1) {
+      for_row_steps<kBits>(
+          w, row, 0, w.cols, [&](const uint8_t* codes, int64_t c) {
+            step(0, codes, c);
+          });
+    } else {
+      // The rows' steps interleaved, so that they share each load of x.
+      int64_t K = w.cols;
+      int64_t full = K - K % kDotStep<kBits>;
+      for (int64_t c = 0; c < full; c += kDotStep<kBits>) {
+        MLX_FPQMM_UNROLL
+        for (int r = 0; r < R; ++r) {
+          const uint8_t* codes = w.row(row + r) + c * kBits / 8;
+          __builtin_prefetch(codes + kPrefetchDistance, 0, 2);
+          step(r, codes, c);
+        }
       }
-    }
-    if (full < K) {
-      alignas(64) uint8_t tail[kDotStepBytes<kBits>] = {};
       for (int r = 0; r < R; ++r) {
-        std::copy_n(
-            w.row(row + r) + full * kBits / 8, (K - full) * kBits / 8, tail);
-        step(r, tail, full);
+        for_row_steps<kBits>(
+            w, row + r, full, K, [&](const uint8_t* codes, int64_t c) {
+              step(r, codes, c);
+            });
       }
     }
     for (int r = 0; r < R; ++r) {
+      F total = acc[r][0];
+      for (int k = 1; k < kChains; ++k) {
+        total = V::add(total, acc[r][k]);
+      }
+      out[r] = V::sum(total);
+    }
+  }
+
+  // Several rows of x: kPanelRows rows of W are decoded, scaled, a chunk of
+  // kPanelChunk columns at a time into a panel that stays in L1, and every
+  // block of kPanelXRows rows of x is multiplied with it, each (x row, W
+  // row) pair summing in its own register: W is decoded once for all rows of
+  // x, and each load of x serves kPanelRows rows of W (decoding in registers
+  // per step instead made every row of x reload its chunk for each row of W,
+  // bound by the L2). The sums carry over chunks in a small buffer.
+  static constexpr int kPanelRows = 6;
+  static constexpr int kPanelXRows = 2;
+  static constexpr int64_t kPanelChunk = 512;
+  // Panel rows are this many floats longer than a chunk, so that rows read
+  // together do not fall in the same L1 sets (4 KiB apart).
+  static constexpr int64_t kPanelSkew = 16;
+  static constexpr int64_t kPanelStride = kPanelChunk + kPanelSkew;
+  static_assert(
+      kPanelChunk % kDotStep<4> == 0 && kPanelChunk % kDotStep<8> == 0);
+
+  // Independent sums per (x row, W row) pair: two for a single row of x,
+  // whose kPanelRows pairs would otherwise leave the FMAs waiting on their
+  // latency. Not a function of the rows of W, so that a row of W sums the
+  // same way whichever block (and thread) it falls in.
+  template <int MB>
+  static constexpr int kPanelChains = MB == 1 ? 2 : 1;
+  static constexpr int kPanelSums = 12;  // most kPanelChains * MB * R
+  static_assert(kPanelChains<1> * kPanelRows <= kPanelSums);
+  static_assert(
+      kPanelChains<kPanelXRows> * kPanelXRows * kPanelRows <= kPanelSums);
+  // Where chain i of pair (m, r) keeps its sum between chunks.
+  template <int R, int MB>
+  static constexpr int64_t sum_offset(int i, int m, int r) {
+    return ((i * MB + m) * R + r) * kLanes;
+  }
+
+  // v, held in a register: x86 compilers otherwise fold the load that made
+  // it into every FMA that reads it, loading a panel vector once per row of
+  // x instead of once.
+  static F in_register(F v) {
+#if defined(__x86_64__)
+    asm("" : "+x"(v));
+#endif
+    return v;
+  }
+
+  // Rows [n, n + R) of W, columns [c0, c1), scaled by their decoded scales
+  // (`stride` floats per row), into the panel in arranged order.
+  template <int kBits, int kClasses>
+  MLX_FPQMM_FLATTEN static void decode_panel(
+      const QuantizedMatrix& w,
+      int64_t n,
+      int R,
+      int64_t c0,
+      int64_t c1,
+      const float* scales,
+      int64_t stride,
+      const typename V::I* groups,
+      float* panel) {
+    constexpr int P = kPerWord<kBits>;
+    int shift = group_shift(w);
+    for (int r = 0; r < R; ++r) {
+      float* dst = panel + r * kPanelStride - c0;
+      for_row_steps<kBits>(
+          w, n + r, c0, c1, [&](const uint8_t* codes, int64_t c) {
+            F d[P];
+            decode_step<kBits>(codes, d);
+            F s[kClasses];
+            step_scales<kClasses>(scales + r * stride, c, shift, groups, s);
+            MLX_FPQMM_UNROLL
+            for (int v = 0; v < P; ++v) {
+              V::store(
+                  dst + c + v * kLanes,
+                  V::mul(d[v], s[scale_class<kBits>(v) % kClasses]));
+            }
+          });
+    }
+  }
+
+  // The sums of MB rows of arranged x (`ldx` apart) times R panel rows over
+  // `length` columns, added to the sums in `sums` (zero when `first`).
+  template <int R, int MB>
+  MLX_FPQMM_FLATTEN static void panel_dot(
+      const float* panel,
+      const float* xa,
+      int64_t ldx,
+      int64_t length,
+      bool first,
+      float* sums) {
+    constexpr int kChains = kPanelChains<MB>;
+    F acc[kChains][MB][R];
+    MLX_FPQMM_UNROLL
+    for (int i = 0; i < kChains; ++i) {
+      MLX_FPQMM_UNROLL
       for (int m = 0; m < MB; ++m) {
-        F total = acc[r][m][0];
-        for (int k = 1; k < kChains; ++k) {
-          total = V::add(total, acc[r][m][k]);
+        MLX_FPQMM_UNROLL
+        for (int r = 0; r < R; ++r) {
+          acc[i][m][r] =
+              first ? V::zero() : V::load(sums + sum_offset<R, MB>(i, m, r));
+        }
+      }
+    }
+    // length is a whole number of dot steps, each an even number of vectors.
+    for (int64_t k = 0; k < length; k += kChains * kLanes) {
+      MLX_FPQMM_UNROLL
+      for (int i = 0; i < kChains; ++i) {
+        // x in registers, each panel vector loaded once for all MB rows.
+        F xv[MB];
+        MLX_FPQMM_UNROLL
+        for (int m = 0; m < MB; ++m) {
+          xv[m] = V::load(xa + m * ldx + k + i * kLanes);
+        }
+        MLX_FPQMM_UNROLL
+        for (int r = 0; r < R; ++r) {
+          F row =
+              in_register(V::load(panel + r * kPanelStride + k + i * kLanes));
+          MLX_FPQMM_UNROLL
+          for (int m = 0; m < MB; ++m) {
+            acc[i][m][r] = V::fma(row, xv[m], acc[i][m][r]);
+          }
+        }
+      }
+    }
+    MLX_FPQMM_UNROLL
+    for (int i = 0; i < kChains; ++i) {
+      MLX_FPQMM_UNROLL
+      for (int m = 0; m < MB; ++m) {
+        MLX_FPQMM_UNROLL
+        for (int r = 0; r < R; ++r) {
+          V::store(sums + sum_offset<R, MB>(i, m, r), acc[i][m][r]);
+        }
+      }
+    }
+  }
+
+  template <int R, int MB>
+  static void panel_sums_out(const float* sums, float* out, int64_t ldo) {
+    constexpr int kChains = kPanelChains<MB>;
+    for (int m = 0; m < MB; ++m) {
+      for (int r = 0; r < R; ++r) {
+        F total = V::load(sums + sum_offset<R, MB>(0, m, r));
+        for (int i = 1; i < kChains; ++i) {
+          total = V::add(total, V::load(sums + sum_offset<R, MB>(i, m, r)));
         }
         out[m * ldo + r] = V::sum(total);
       }
+    }
+  }
+
+  // x @ W^T for M > 1 rows of arranged x (`ldx` floats apart), output
+  // columns [n0, n1). Each element is scaled before its products, as the
+  // reference does, so non-finite scales need no second pass here.
+  template <int kBits, int kClasses>
+  static void dot_panels(
+      const QuantizedMatrix& w,
+      const float* xa,
+      int64_t ldx,
+      int64_t M,
+      int64_t n0,
+      int64_t n1,
+      float* out,
+      int64_t ldo) {
+    if (ldx == 0) {  // K = 0: empty sums
+      for (int64_t m = 0; m < M; ++m) {
+        std::fill_n(out + m * ldo, n1 - n0, 0.0f);
+      }
+      return;
+    }
+    int64_t stride = w.groups() + kScalePadding;
+    float* scales = scratch<float>(1, kPanelRows * stride);
+    int64_t blocks = (M + kPanelXRows - 1) / kPanelXRows;
+    float* panel = scratch<float>(
+        2, kPanelRows * kPanelStride + blocks * kPanelSums * kLanes);
+    float* sums = panel + kPanelRows * kPanelStride;
+    typename V::I lane_groups[kClasses];
+    load_lane_groups<kBits, kClasses>(group_shift(w), lane_groups);
+    for (int64_t n = n0; n < n1; n += kPanelRows) {
+      int R = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - n));
+      decode_row_scales(w, n, R, scales, stride);
+      with_count<kPanelRows>(R, [&]<int PR>() {
+        for (int64_t c0 = 0; c0 < ldx; c0 += kPanelChunk) {
+          int64_t c1 = std::min(ldx, c0 + kPanelChunk);
+          decode_panel<kBits, kClasses>(
+              w, n, PR, c0, c1, scales, stride, lane_groups, panel);
+          int64_t block = 0;
+          for_x_blocks<kPanelXRows>(M, [&]<int MB>(int64_t m) {
+            panel_dot<PR, MB>(
+                panel,
+                xa + m * ldx + c0,
+                ldx,
+                c1 - c0,
+                c0 == 0,
+                sums + block++ * kPanelSums * kLanes);
+          });
+        }
+        int64_t block = 0;
+        for_x_blocks<kPanelXRows>(M, [&]<int MB>(int64_t m) {
+          panel_sums_out<PR, MB>(
+              sums + block++ * kPanelSums * kLanes,
+              out + m * ldo + n - n0,
+              ldo);
+        });
+      });
     }
   }
 
@@ -410,15 +652,14 @@ struct SimdKernels {
     }
   }
 
-  // Calls body.template operator()<MB>(m) over blocks of up to kMaxRows rows
-  // of x, as evenly sized as possible.
-  static constexpr int kMaxRows = 8;
-  template <typename Body>
+  // Calls body.template operator()<MB>(m) over blocks of up to kMax rows of
+  // x, as evenly sized as possible.
+  template <int kMax, typename Body>
   static void for_x_blocks(int64_t M, Body&& body) {
-    int64_t blocks = (M + kMaxRows - 1) / kMaxRows;
+    int64_t blocks = (M + kMax - 1) / kMax;
     for (int64_t m = 0, b = 0; b < blocks; ++b) {
       int64_t rows = (M - m) / (blocks - b);
-      with_count<kMaxRows>(
+      with_count<kMax>(
           rows, [&]<int MB>() { body.template operator()<MB>(m); });
       m += rows;
     }
@@ -450,40 +691,17 @@ struct SimdKernels {
     for (int64_t m = 0; m < M; ++m) {
       arrange<kBits>(x + m * K, K, xa + m * ldx);
     }
-    int64_t groups = w.groups();
-    int64_t stride = groups + kScalePadding;
-    float* scales = scratch<float>(1, kRowBlock * stride);
-    auto decode_row_scales = [&](int R, int64_t n) {
-      for (int r = 0; r < R; ++r) {
-        decode_scales(w, n + r, scales + r * stride, 0, groups);
-        // The padded last step's groups scale zeros: keep them finite.
-        std::fill_n(scales + r * stride + groups, kScalePadding, 0.0f);
-      }
-    };
     if (M == 1) {
+      int64_t stride = w.groups() + kScalePadding;
+      float* scales = scratch<float>(1, kRowBlock * stride);
       for_w_rows(M, K * sizeof(float), n0, n1, [&]<int R>(int64_t n) {
-        decode_row_scales(R, n);
-        dot_block<kBits, R, 1, kClasses>(
-            w, n, scales, stride, xa, ldx, out + n - n0, ldo);
+        decode_row_scales(w, n, R, scales, stride);
+        dot_block<kBits, R, kClasses>(w, n, scales, stride, xa, out + n - n0);
         redo_nonfinite_rows(w, n, R, scales, stride, x, M, out + n - n0, ldo);
       });
       return;
     }
-    for (int64_t n = n0; n < n1; ++n) {
-      decode_row_scales(1, n);
-      for_x_blocks(M, [&]<int MB>(int64_t m) {
-        dot_block<kBits, 1, MB, kClasses>(
-            w,
-            n,
-            scales,
-            stride,
-            xa + m * ldx,
-            ldx,
-            out + m * ldo + n - n0,
-            ldo);
-      });
-      redo_nonfinite_rows(w, n, 1, scales, stride, x, M, out + n - n0, ldo);
-    }
+    dot_panels<kBits, kClasses>(w, xa, ldx, M, n0, n1, out, ldo);
   }
   static void dot(
       const QuantizedMatrix& w,
