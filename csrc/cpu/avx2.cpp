@@ -138,10 +138,10 @@ const IsaKernels* avx2_kernels() {
   using K = SimdKernels<Avx2Vec>;
   static const IsaKernels kernels{
       "avx2",
-      // Zen 3, mxfp4 14336 x 4096, 2 threads: x @ W^T M = 16 20.3 ms panels
-      // vs 25.0 sgemm, M = 24 30.8 vs 28.6; x @ W M = 2 19.2 vs 29.5, M = 4
-      // 30.4 vs 29.4, M = 8 52.4 vs 30.0.
-      20,
+      // Zen 3, mxfp4 14336 x 4096, 2 threads: x @ W^T M = 64 48.5 ms panels
+      // vs 54-56 sgemm, M = 128 102 vs 103-120, M = 256 213 vs 209; x @ W
+      // M = 2 19.2 vs 29.5, M = 4 30.4 vs 29.4, M = 8 52.4 vs 30.0.
+      128,
       4,
       K::dot,
       K::axpy,

@@ -32,10 +32,19 @@ constexpr int64_t kGemmBf16Grain = 64;
 constexpr int64_t kArrangeGrain = 16;
 // Columns of a dequantized panel: 128 x 2048 floats is 1 MiB.
 constexpr int64_t kPanelDepth = 2048;
+// The small-M x @ W^T kernels' tasks are longer for large N: each task
+// arranges x and decodes scales afresh, and kDotTasksPerThread tasks per
+// thread balance the pool (64-row tasks cost M = 1, mxfp4 14336 x 4096 about
+// 20% on Zen 3).
+constexpr int64_t kDotTasksPerThread = 8;
 // From this many rows of bfloat16 x on, the bf16 GEMM kernel beats the bf16
 // dots (measured on Zen 4); float32 x has its threshold per ISA
 // (IsaKernels::sgemm_min_rows_dot / _axpy).
 constexpr int64_t kGemmMinRowsBf16 = 12;
+
+int64_t dot_grain(int64_t N) {
+  return std::max(kDotGrain, N / (num_threads() * kDotTasksPerThread));
+}
 
 bool cpu_has_avx2() {
 #if defined(__x86_64__)
@@ -240,7 +249,9 @@ void qmm_bf16(
     return;
   }
   for_output_blocks(
-      args, kDotGrain, [&](int64_t n0, int64_t n1, float* out, int64_t ldo) {
+      args,
+      dot_grain(args.N),
+      [&](int64_t n0, int64_t n1, float* out, int64_t ldo) {
         kernels.dot_bf16(w, x, args.M, n0, n1, out, ldo);
       });
 }
@@ -281,7 +292,9 @@ void qmm(const QmmArgs& args) {
     gemm_f32(args, w, x);
   } else if (args.transpose) {
     for_output_blocks(
-        args, kDotGrain, [&](int64_t n0, int64_t n1, float* out, int64_t ldo) {
+        args,
+        dot_grain(args.N),
+        [&](int64_t n0, int64_t n1, float* out, int64_t ldo) {
           kernels.dot(w, x, args.M, n0, n1, out, ldo);
         });
   } else {
