@@ -102,6 +102,25 @@ def measure(
     return Timing(min(times), statistics.median(times))
 
 
+def measure_rounds(
+    runs: list[Callable[[int], object]], reps: int, min_time: float, max_reps: int
+) -> list[Timing]:
+    """`measure` for several products taking turns, one call each per round: a
+    slow moment of the machine then weighs on all of them alike."""
+    for run in runs:
+        run(0)
+    times: list[list[float]] = [[] for _ in runs]
+    start = time.perf_counter()
+    while len(times[0]) < reps or (
+        time.perf_counter() - start < min_time and len(times[0]) < max_reps
+    ):
+        for run, taken in zip(runs, times, strict=True):
+            t = time.perf_counter()
+            run(len(taken) + 1)
+            taken.append(time.perf_counter() - t)
+    return [Timing(min(t), statistics.median(t)) for t in times]
+
+
 def read_bandwidth(threads: int, size: int = 1 << 30, reps: int = 5) -> Timing:
     """Seconds per GiB of a streaming read, one NumPy reduction per thread."""
     data = np.ones(size // 8, dtype=np.uint64)
@@ -610,14 +629,20 @@ def tail_rows(
 ) -> list[TailRow]:
     """M = 1 over args.tail_ks for one mode and dtype, each against the best K."""
     N = args.tail_n
-    rows = []
+    products = []
     for K in args.tail_ks:
-        weights = make_weights(1, N, K, mode, args)
         x = mx.random.normal((1, K)).astype(getattr(mx, dtype))
-        mx.eval(x)
-        row = TailRow(
-            K, mode, dtype, weights.weight_bytes, measure(time_ours(x, weights), args.reps)
-        )
+        products.append((make_weights(1, N, K, mode, args), x))
+    timings = measure_rounds(
+        [time_ours(x, weights) for weights, x in products],
+        args.reps,
+        args.min_time,
+        MAX_REPS,
+    )
+    rows = []
+    for (weights, x), timing in zip(products, timings, strict=True):
+        K = x.shape[1]
+        row = TailRow(K, mode, dtype, weights.weight_bytes, timing)
         if ggml_cache is not None and mode in _ggml.GGML_TYPES:
             if (1, N, K, mode) not in ggml_cache:
                 ggml_cache[1, N, K, mode] = bench_ggml(1, weights, args)
