@@ -58,22 +58,35 @@ struct Avx2Vec {
   static I shift_right(I v, int bits) {
     return _mm256_srli_epi32(v, bits);
   }
-  // E4M3 from its bits, without a gather: the code moved to the top byte,
-  // then shifted arithmetically so that the sign stays at bit 31 and the
-  // magnitude's 7 bits land at float bits 20..26, reads as a float 2^-120
-  // times the value (E4M3's subnormals as float subnormals); magnitude 0x7F
-  // (NaN) sets all bits.
-  static F e4m3(I v) {
-    __m256i top = _mm256_slli_epi32(v, 24);
+  // E4M3 from its bits, without a gather: the code in the top byte of each
+  // lane (lower bits ignored), shifted arithmetically so that the sign stays
+  // at bit 31 and the magnitude's 7 bits land at float bits 20..26, reads as
+  // a float 2^-120 times the value (E4M3's subnormals as float subnormals).
+  // Magnitude 0x7F (NaN) comes out as the finite ±480.
+  static F e4m3_top(I top) {
     __m256i bits = _mm256_and_si256(
         _mm256_srai_epi32(top, 4),
         _mm256_set1_epi32(static_cast<int>(0x87F00000u)));
-    F value =
-        _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0x1p120f));
+    return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0x1p120f));
+  }
+  // The low byte of each lane as E4M3, NaN included: magnitude 0x7F sets all
+  // bits.
+  static F e4m3(I v) {
+    __m256i top = _mm256_slli_epi32(v, 24);
     __m256i magnitude = _mm256_set1_epi32(0x7F000000);
     __m256i nan =
         _mm256_cmpeq_epi32(_mm256_and_si256(top, magnitude), magnitude);
-    return _mm256_or_ps(value, _mm256_castsi256_ps(nan));
+    return _mm256_or_ps(e4m3_top(top), _mm256_castsi256_ps(nan));
+  }
+  // A dot step of 32 E4M3 codes (8 words) as four vectors, vector i holding
+  // byte i of each word (the default order): each byte shifted straight to
+  // the top, without the NaN test, so NaN codes come out finite and the
+  // kernels redo the rows that hold them (SimdKernels::has_nan_codes).
+  static void decode_e4m3_step(const uint8_t* p, F* d) {
+    __m256i words = load_words(p);
+    for (int i = 0; i < 4; ++i) {
+      d[i] = e4m3_top(_mm256_slli_epi32(words, 24 - 8 * i));
+    }
   }
   // A dot step of 64 E2M1 codes (32 bytes) as eight vectors, by byte
   // shuffles: the low and high nibbles index kernels.h's bf16 byte tables,

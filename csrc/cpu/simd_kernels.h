@@ -180,6 +180,10 @@ struct SimdKernels {
   static constexpr int64_t kDotStepBytes = kDotStep<kBits> * kBits / 8;
   static constexpr bool kOwnE2M1Step =
       requires(const uint8_t* p, F* d) { V::decode_e2m1_step(p, d); };
+  // An ISA may also decode a whole E4M3 step its own way, in the default
+  // order, decoding NaN codes as finite values (see has_nan_codes).
+  static constexpr bool kOwnE4M3Step =
+      requires(const uint8_t* p, F* d) { V::decode_e4m3_step(p, d); };
 
   // The element (from the step's first) that lane `lane` of vector v holds.
   template <int kBits>
@@ -195,6 +199,8 @@ struct SimdKernels {
   static void decode_step(const uint8_t* codes, F* d) {
     if constexpr (kBits == 4 && kOwnE2M1Step) {
       V::decode_e2m1_step(codes, d);
+    } else if constexpr (kBits == 8 && kOwnE4M3Step) {
+      V::decode_e4m3_step(codes, d);
     } else {
       auto words = V::load_words(codes);
       MLX_FPQMM_UNROLL
@@ -585,12 +591,14 @@ struct SimdKernels {
     }
   }
 
-  // x @ W^T for M > 1 rows of arranged x (`ldx` floats apart), output
+  // x @ W^T for M rows of x (and of arranged x, `ldx` floats apart), output
   // columns [n0, n1). Each element is scaled before its products, as the
-  // reference does, so non-finite scales need no second pass here.
+  // reference does, so non-finite scales would need no second pass here;
+  // NaN codes an ISA's own step decodes as finite do.
   template <int kBits, int kClasses>
   static void dot_panels(
       const QuantizedMatrix& w,
+      const float* x,
       const float* xa,
       int64_t ldx,
       int64_t M,
@@ -639,13 +647,30 @@ struct SimdKernels {
               ldo);
         });
       });
+      redo_nonfinite_rows(w, n, R, scales, stride, x, M, out + n - n0, ldo);
     }
+  }
+
+  // Whether row r of W holds a NaN code (magnitude 0x7F, the largest) that
+  // the ISA's own E4M3 step decodes as a finite value. A max-reduction, so
+  // that it vectorizes.
+  static bool has_nan_codes(const QuantizedMatrix& w, int64_t r) {
+    if (!kOwnE4M3Step || w.bits != 8) {
+      return false;
+    }
+    const uint8_t* codes = w.row(r);
+    uint8_t largest = 0;
+    for (int64_t k = 0; k < w.cols; ++k) {
+      largest = std::max<uint8_t>(largest, codes[k] & 0x7F);
+    }
+    return largest == 0x7F;
   }
 
   // The dot kernels scale each group's sum of x * code, which matches the
   // reference's sum of x * (code * scale) only for finite scales (an infinite
   // scale times a ±0 code is NaN there). Rows of W [n, n + R) holding a
-  // non-finite scale, rare, are redone element by element.
+  // non-finite scale, or a NaN code decoded as finite, rare, are redone
+  // element by element.
   // On the exponent bits, as a max-reduction: it vectorizes (the check runs
   // for every row of W) and survives -ffinite-math-only.
   static bool all_finite(const float* scales, int64_t count) {
@@ -671,7 +696,7 @@ struct SimdKernels {
       int64_t ldo) {
     for (int r = 0; r < R; ++r) {
       const float* row_scales = scales + r * stride;
-      if (all_finite(row_scales, w.groups())) {
+      if (all_finite(row_scales, w.groups()) && !has_nan_codes(w, n + r)) {
         continue;
       }
       for (int64_t m = 0; m < M; ++m) {
@@ -741,7 +766,7 @@ struct SimdKernels {
       }
       return;
     }
-    dot_panels<kBits, kClasses>(w, xa, ldx, M, n0, n1, out, ldo);
+    dot_panels<kBits, kClasses>(w, x, xa, ldx, M, n0, n1, out, ldo);
   }
   static void dot(
       const QuantizedMatrix& w,
