@@ -277,6 +277,21 @@ struct SimdKernels {
     }
   }
 
+  // f(i, j, k) for every index of an A x B x C block of registers, unrolled.
+  template <int A, int B, int C, typename Fn>
+  static void for_each_index(Fn&& f) {
+    MLX_FPQMM_UNROLL
+    for (int i = 0; i < A; ++i) {
+      MLX_FPQMM_UNROLL
+      for (int j = 0; j < B; ++j) {
+        MLX_FPQMM_UNROLL
+        for (int k = 0; k < C; ++k) {
+          f(i, j, k);
+        }
+      }
+    }
+  }
+
   // Lane j's group in scale class c, relative to the step's first group.
   template <int kBits, int kClasses>
   static void load_lane_groups(int shift, typename V::I* groups) {
@@ -363,16 +378,8 @@ struct SimdKernels {
     typename V::I groups[kClasses];
     load_lane_groups<kBits, kClasses>(shift, groups);
     F acc[R][MB][kChains];
-    MLX_FPQMM_UNROLL
-    for (int r = 0; r < R; ++r) {
-      MLX_FPQMM_UNROLL
-      for (int m = 0; m < MB; ++m) {
-        MLX_FPQMM_UNROLL
-        for (int k = 0; k < kChains; ++k) {
-          acc[r][m][k] = V::zero();
-        }
-      }
-    }
+    for_each_index<R, MB, kChains>(
+        [&](int r, int m, int k) { acc[r][m][k] = V::zero(); });
     auto step = [&](int r, const uint8_t* codes, int64_t c) {
       F d[P];
       decode_step<kBits>(codes, d);
@@ -380,16 +387,8 @@ struct SimdKernels {
       step_scales<kClasses>(scales + r * stride, c, shift, groups, s);
       const float* xs = xa + c;
       F p[kClasses][MB][kPChains];
-      MLX_FPQMM_UNROLL
-      for (int k = 0; k < kClasses; ++k) {
-        MLX_FPQMM_UNROLL
-        for (int m = 0; m < MB; ++m) {
-          MLX_FPQMM_UNROLL
-          for (int i = 0; i < kPChains; ++i) {
-            p[k][m][i] = V::zero();
-          }
-        }
-      }
+      for_each_index<kClasses, MB, kPChains>(
+          [&](int k, int m, int i) { p[k][m][i] = V::zero(); });
       MLX_FPQMM_UNROLL
       for (int v = 0; v < P; ++v) {
         MLX_FPQMM_UNROLL
@@ -398,17 +397,10 @@ struct SimdKernels {
           chain = V::fma(d[v], V::load(xs + m * ldx + v * kLanes), chain);
         }
       }
-      MLX_FPQMM_UNROLL
-      for (int k = 0; k < kClasses; ++k) {
-        MLX_FPQMM_UNROLL
-        for (int m = 0; m < MB; ++m) {
-          MLX_FPQMM_UNROLL
-          for (int i = 0; i < kPChains; ++i) {
-            F& sum = acc[r][m][i % kChains];
-            sum = V::fma(p[k][m][i], s[k], sum);
-          }
-        }
-      }
+      for_each_index<kClasses, MB, kPChains>([&](int k, int m, int i) {
+        F& sum = acc[r][m][i % kChains];
+        sum = V::fma(p[k][m][i], s[k], sum);
+      });
     };
     if constexpr (R == 1) {
       for_row_steps<kBits>(
@@ -533,17 +525,10 @@ struct SimdKernels {
       float* sums) {
     constexpr int kChains = kPanelChains<MB>;
     F acc[kChains][MB][R];
-    MLX_FPQMM_UNROLL
-    for (int i = 0; i < kChains; ++i) {
-      MLX_FPQMM_UNROLL
-      for (int m = 0; m < MB; ++m) {
-        MLX_FPQMM_UNROLL
-        for (int r = 0; r < R; ++r) {
-          acc[i][m][r] =
-              first ? V::zero() : V::load(sums + sum_offset<R, MB>(i, m, r));
-        }
-      }
-    }
+    for_each_index<kChains, MB, R>([&](int i, int m, int r) {
+      acc[i][m][r] =
+          first ? V::zero() : V::load(sums + sum_offset<R, MB>(i, m, r));
+    });
     // length is a whole number of dot steps, each an even number of vectors.
     for (int64_t k = 0; k < length; k += kChains * kLanes) {
       MLX_FPQMM_UNROLL
@@ -565,16 +550,9 @@ struct SimdKernels {
         }
       }
     }
-    MLX_FPQMM_UNROLL
-    for (int i = 0; i < kChains; ++i) {
-      MLX_FPQMM_UNROLL
-      for (int m = 0; m < MB; ++m) {
-        MLX_FPQMM_UNROLL
-        for (int r = 0; r < R; ++r) {
-          V::store(sums + sum_offset<R, MB>(i, m, r), acc[i][m][r]);
-        }
-      }
-    }
+    for_each_index<kChains, MB, R>([&](int i, int m, int r) {
+      V::store(sums + sum_offset<R, MB>(i, m, r), acc[i][m][r]);
+    });
   }
 
   template <int R, int MB>
