@@ -92,14 +92,7 @@ def measure(
     run: Callable[[int], object], reps: int, min_time: float = 0.2, max_reps: int = 50
 ) -> Timing:
     """Best and median of at least `reps` timed calls (more while under min_time)."""
-    run(0)  # warm up: first-call allocations and dispatch
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < reps or (time.perf_counter() - start < min_time and len(times) < max_reps):
-        t = time.perf_counter()
-        run(len(times) + 1)
-        times.append(time.perf_counter() - t)
-    return Timing(min(times), statistics.median(times))
+    return measure_rounds([run], reps, min_time, max_reps)[0]
 
 
 def measure_rounds(
@@ -108,7 +101,7 @@ def measure_rounds(
     """`measure` for several products taking turns, one call each per round: a
     slow moment of the machine then weighs on all of them alike."""
     for run in runs:
-        run(0)
+        run(0)  # warm up: first-call allocations and dispatch
     times: list[list[float]] = [[] for _ in runs]
     start = time.perf_counter()
     while len(times[0]) < reps or (

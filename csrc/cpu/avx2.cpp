@@ -152,8 +152,9 @@ const IsaKernels* avx2_kernels() {
   static const IsaKernels kernels{
       "avx2",
       // Zen 3, mxfp4 14336 x 4096, 2 threads: x @ W^T M = 64 48.5 ms panels
-      // vs 54-56 sgemm, M = 128 102 vs 103-120, M = 256 213 vs 209; x @ W
-      // M = 2 19.2 vs 29.5, M = 4 30.4 vs 29.4, M = 8 52.4 vs 30.0.
+      // vs 54-56 sgemm, M = 128 102 vs 103-120 (back-to-back runs), M = 256 213
+      // vs 209; x @ W M = 2 19.2 vs 29.5, M = 4 30.4 vs 29.4, M = 8 52.4
+      // vs 30.0.
       128,
       4,
       K::dot,

@@ -146,7 +146,8 @@ struct IsaKernels {
   int64_t sgemm_min_rows_axpy;
 
   // out[m * ldo + n - n0] = sum_k x[m * w.cols + k] * W[n, k], for m < M and
-  // n in [n0, n1): the small-M product x @ W^T, decode fused into the dots.
+  // n in [n0, n1): the small-M product x @ W^T, decoded in registers into the
+  // dots (few rows of x) or into L1 panels (more).
   void (*dot)(
       const QuantizedMatrix& w,
       const float* x,

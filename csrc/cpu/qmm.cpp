@@ -181,36 +181,26 @@ void gemm_panel(
   panel.resize(width * std::min(K, kPanelDepth));
   for (int64_t k0 = 0; k0 < K; k0 += kPanelDepth) {
     int64_t k1 = std::min(K, k0 + kPanelDepth);
-    float beta = k0 == 0 ? 0.0f : 1.0f;
+    // The panel holds W's block in its own orientation: (n, k) rows for
+    // x @ W^T, (k, n) rows for x @ W.
+    int64_t ld = args.transpose ? k1 - k0 : width;
     if (args.transpose) {
-      kernels.dequantize(w, n0, n1, k0, k1, panel.data(), k1 - k0);
-      sgemm(
-          true,
-          args.M,
-          width,
-          k1 - k0,
-          x + k0,
-          K,
-          panel.data(),
-          k1 - k0,
-          beta,
-          out,
-          ldo);
+      kernels.dequantize(w, n0, n1, k0, k1, panel.data(), ld);
     } else {
-      kernels.dequantize(w, k0, k1, n0, n1, panel.data(), width);
-      sgemm(
-          false,
-          args.M,
-          width,
-          k1 - k0,
-          x + k0,
-          K,
-          panel.data(),
-          width,
-          beta,
-          out,
-          ldo);
+      kernels.dequantize(w, k0, k1, n0, n1, panel.data(), ld);
     }
+    sgemm(
+        args.transpose,
+        args.M,
+        width,
+        k1 - k0,
+        x + k0,
+        K,
+        panel.data(),
+        ld,
+        k0 == 0 ? 0.0f : 1.0f,
+        out,
+        ldo);
   }
 }
 
