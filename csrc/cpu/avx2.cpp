@@ -124,6 +124,11 @@ struct Avx2Vec {
   static I load_index(const int32_t* p) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   }
+  // Lane j is p[index[j]], index[j] < 4.
+  static F scale_lanes(const float* p, I index) {
+    return _mm256_permutevar_ps(
+        _mm256_broadcast_ps(reinterpret_cast<const __m128*>(p)), index);
+  }
   static F permute(F table, I index) {
     return _mm256_permutevar8x32_ps(table, index);
   }
