@@ -162,6 +162,8 @@ const IsaKernels* avx2_kernels() {
       // vs 30.0.
       128,
       4,
+      K::arranged_length,
+      K::arrange_x,
       K::dot,
       K::axpy,
       K::dequantize,

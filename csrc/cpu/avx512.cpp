@@ -601,6 +601,8 @@ const IsaKernels* avx512_kernels() {
       "avx512",
       96,  // Zen 4, both orientations
       96,
+      Kernels::arranged_length,
+      Kernels::arrange_x,
       Kernels::dot,
       Kernels::axpy,
       Kernels::dequantize,

@@ -179,6 +179,8 @@ const IsaKernels* portable_kernels() {
       "portable",
       96,  // not measured: the Zen 4 values
       96,
+      K::arranged_length,
+      K::arrange_x,
       K::dot,
       K::axpy,
       K::dequantize,

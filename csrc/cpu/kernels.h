@@ -145,12 +145,20 @@ struct IsaKernels {
   int64_t sgemm_min_rows_dot;
   int64_t sgemm_min_rows_axpy;
 
+  // The small-M product x @ W^T, in two steps: arrange_x puts `rows` rows
+  // of x in the order dot's steps read them, arranged_length(w) floats each
+  // (once per product, for all its tasks); then dot computes
   // out[m * ldo + n - n0] = sum_k x[m * w.cols + k] * W[n, k], for m < M and
-  // n in [n0, n1): the small-M product x @ W^T, decoded in registers into the
-  // dots (few rows of x) or into L1 panels (more).
+  // n in [n0, n1), from the arranged rows (and x itself for rare rows redone
+  // element by element), W decoded in registers into the dots (few rows of
+  // x) or into L1 panels (more).
+  int64_t (*arranged_length)(const QuantizedMatrix& w);
+  void (*arrange_x)(
+      const QuantizedMatrix& w, const float* x, int64_t rows, float* arranged);
   void (*dot)(
       const QuantizedMatrix& w,
       const float* x,
+      const float* arranged_x,
       int64_t M,
       int64_t n0,
       int64_t n1,

@@ -119,6 +119,8 @@ const IsaKernels* neon_kernels() {
       "neon",
       96,  // not measured: the Zen 4 values
       96,
+      K::arranged_length,
+      K::arrange_x,
       K::dot,
       K::axpy,
       K::dequantize,

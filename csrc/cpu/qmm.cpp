@@ -27,14 +27,16 @@ constexpr int64_t kDotGrain = 64;
 constexpr int64_t kAxpyGrain = 256;
 constexpr int64_t kPanelRows = 128;
 // The bf16 GEMM: two of its 32-column panels per task, enough tasks to
-// balance two busy cores; x is arranged for it in blocks of rows.
+// balance two busy cores.
 constexpr int64_t kGemmBf16Grain = 64;
+// x is arranged for the dots and the bf16 GEMM once per product, in
+// parallel blocks of rows.
 constexpr int64_t kArrangeGrain = 16;
 // Columns of a dequantized panel: 128 x 2048 floats is 1 MiB.
 constexpr int64_t kPanelDepth = 2048;
-// The small-M x @ W^T kernels' tasks are longer for large N: each task
-// arranges x and decodes scales afresh, and kDotTasksPerThread tasks per
-// thread balance the pool (64-row tasks cost M = 1, mxfp4 14336 x 4096 about
+// The small-M x @ W^T kernels' tasks are longer for large N, as many as
+// kDotTasksPerThread per thread to balance the pool: each task starts afresh
+// (64-row tasks, each arranging x then, cost M = 1, mxfp4 14336 x 4096 about
 // 20% on Zen 3).
 constexpr int64_t kDotTasksPerThread = 8;
 // From this many rows of bfloat16 x on, the bf16 GEMM kernel beats the bf16
@@ -281,11 +283,17 @@ void qmm(const QmmArgs& args) {
   if (args.M >= gemm_min_rows(sgemm_min_rows) && has_sgemm()) {
     gemm_f32(args, w, x);
   } else if (args.transpose) {
+    int64_t length = kernels.arranged_length(w);
+    std::vector<float> arranged(args.M * length);
+    parallel_for(args.M, kArrangeGrain, [&](int64_t m0, int64_t m1) {
+      kernels.arrange_x(
+          w, x + m0 * args.K, m1 - m0, arranged.data() + m0 * length);
+    });
     for_output_blocks(
         args,
         dot_grain(args.N),
         [&](int64_t n0, int64_t n1, float* out, int64_t ldo) {
-          kernels.dot(w, x, args.M, n0, n1, out, ldo);
+          kernels.dot(w, x, arranged.data(), args.M, n0, n1, out, ldo);
         });
   } else {
     for_output_blocks(

@@ -32,8 +32,8 @@ namespace mlx_fpqmm::cpu {
 // measured best between 4 and 8 KiB on Zen 4.
 inline constexpr int64_t kPrefetchDistance = 4096;
 
-// Scratch slots (thread_scratch) the kernels hold at once: 0 for x, 1 for
-// scales, 2 for decoded rows and panels.
+// Scratch slots (thread_scratch) the kernels hold at once: 0 for x (the
+// AVX-512 bf16 dots), 1 for scales, 2 for decoded rows and panels.
 template <class V>
 struct SimdKernels {
   using F = typename V::F;
@@ -719,10 +719,25 @@ struct SimdKernels {
     body.template operator()<kMax>();
   }
 
+  // x for dot: `rows` rows in step order, arranged_length(w) floats each.
+  static int64_t arranged_length(const QuantizedMatrix& w) {
+    return w.bits == 4 ? padded_length<4>(w.cols) : padded_length<8>(w.cols);
+  }
+  static void arrange_x(
+      const QuantizedMatrix& w, const float* x, int64_t rows, float* arranged) {
+    with_code_bits(w.bits, [&](auto bits) {
+      int64_t ldx = padded_length<bits>(w.cols);
+      for (int64_t m = 0; m < rows; ++m) {
+        arrange<bits>(x + m * w.cols, w.cols, arranged + m * ldx);
+      }
+    });
+  }
+
   template <int kBits, int kClasses>
   static void dot_impl(
       const QuantizedMatrix& w,
       const float* x,
+      const float* xa,
       int64_t M,
       int64_t n0,
       int64_t n1,
@@ -730,10 +745,6 @@ struct SimdKernels {
       int64_t ldo) {
     int64_t K = w.cols;
     int64_t ldx = padded_length<kBits>(K);
-    float* xa = scratch<float>(0, M * ldx);
-    for (int64_t m = 0; m < M; ++m) {
-      arrange<kBits>(x + m * K, K, xa + m * ldx);
-    }
     if (M <= kFusedRows) {
       int64_t stride = w.groups() + kScalePadding;
       float* scales = scratch<float>(1, kRowBlock * stride);
@@ -761,6 +772,7 @@ struct SimdKernels {
   static void dot(
       const QuantizedMatrix& w,
       const float* x,
+      const float* arranged_x,
       int64_t M,
       int64_t n0,
       int64_t n1,
@@ -768,9 +780,9 @@ struct SimdKernels {
       int64_t ldo) {
     with_code_bits(w.bits, [&](auto bits) {
       if (w.group_size < 32) {
-        dot_impl<bits, 2>(w, x, M, n0, n1, out, ldo);
+        dot_impl<bits, 2>(w, x, arranged_x, M, n0, n1, out, ldo);
       } else {
-        dot_impl<bits, 1>(w, x, M, n0, n1, out, ldo);
+        dot_impl<bits, 1>(w, x, arranged_x, M, n0, n1, out, ldo);
       }
     });
   }

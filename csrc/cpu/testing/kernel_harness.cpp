@@ -99,7 +99,9 @@ int main(int argc, char** argv) {
     out.resize(M * N);
     const auto* xf = reinterpret_cast<const float*>(x.data());
     if (op == 0) {
-      kernels->dot(w, xf, M, 0, N, out.data(), N);
+      std::vector<float> arranged(M * kernels->arranged_length(w));
+      kernels->arrange_x(w, xf, M, arranged.data());
+      kernels->dot(w, xf, arranged.data(), M, 0, N, out.data(), N);
     } else {
       kernels->axpy(w, xf, M, 0, N, out.data(), N);
     }
