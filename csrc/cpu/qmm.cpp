@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -43,6 +44,19 @@ constexpr int64_t kDotTasksPerThread = 8;
 // dots (measured on Zen 4); float32 x has its threshold per ISA
 // (IsaKernels::sgemm_min_rows_dot / _axpy).
 constexpr int64_t kGemmMinRowsBf16 = 12;
+
+// `count` elements of `storage`, 64-byte aligned: the kernels' vector loads
+// of arranged x then never straddle cache lines (16-byte aligned x cost the
+// M = 1 dots 3% on Zen 3).
+template <typename T>
+T* aligned_elements(std::vector<T>& storage, int64_t count) {
+  constexpr size_t kAlignment = 64;
+  storage.resize(count + kAlignment / sizeof(T));
+  void* data = storage.data();
+  size_t space = storage.size() * sizeof(T);
+  return static_cast<T*>(
+      std::align(kAlignment, count * sizeof(T), data, space));
+}
 
 int64_t dot_grain(int64_t N) {
   return std::max(kDotGrain, N / (num_threads() * kDotTasksPerThread));
@@ -227,16 +241,17 @@ void qmm_bf16(
   if (args.M >= gemm_min_rows(kGemmMinRowsBf16) && kernels.gemm_bf16 &&
       args.format->bf16_exact) {
     // x is arranged once for all tasks, then each task packs its panels.
-    std::vector<bf16_bits> arranged(args.M * args.K);
+    std::vector<bf16_bits> storage;
+    bf16_bits* arranged = aligned_elements(storage, args.M * args.K);
     parallel_for(args.M, kArrangeGrain, [&](int64_t m0, int64_t m1) {
       kernels.arrange_x_bf16(
-          w, x + m0 * args.K, m1 - m0, arranged.data() + m0 * args.K);
+          w, x + m0 * args.K, m1 - m0, arranged + m0 * args.K);
     });
     for_output_blocks(
         args,
         kGemmBf16Grain,
         [&](int64_t n0, int64_t n1, float* out, int64_t ldo) {
-          kernels.gemm_bf16(w, arranged.data(), args.M, n0, n1, out, ldo);
+          kernels.gemm_bf16(w, arranged, args.M, n0, n1, out, ldo);
         });
     return;
   }
@@ -284,16 +299,16 @@ void qmm(const QmmArgs& args) {
     gemm_f32(args, w, x);
   } else if (args.transpose) {
     int64_t length = kernels.arranged_length(w);
-    std::vector<float> arranged(args.M * length);
+    std::vector<float> storage;
+    float* arranged = aligned_elements(storage, args.M * length);
     parallel_for(args.M, kArrangeGrain, [&](int64_t m0, int64_t m1) {
-      kernels.arrange_x(
-          w, x + m0 * args.K, m1 - m0, arranged.data() + m0 * length);
+      kernels.arrange_x(w, x + m0 * args.K, m1 - m0, arranged + m0 * length);
     });
     for_output_blocks(
         args,
         dot_grain(args.N),
         [&](int64_t n0, int64_t n1, float* out, int64_t ldo) {
-          kernels.dot(w, x, arranged.data(), args.M, n0, n1, out, ldo);
+          kernels.dot(w, x, arranged, args.M, n0, n1, out, ldo);
         });
   } else {
     for_output_blocks(
