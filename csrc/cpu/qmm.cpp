@@ -36,18 +36,19 @@ constexpr int64_t kArrangeGrain = 16;
 // Columns of a dequantized panel: 128 x 2048 floats is 1 MiB.
 constexpr int64_t kPanelDepth = 2048;
 // The small-M x @ W^T kernels' tasks are longer for large N, as many as
-// kDotTasksPerThread per thread to balance the pool: each task starts afresh
-// (64-row tasks, each arranging x then, cost M = 1, mxfp4 14336 x 4096 about
-// 20% on Zen 3).
+// kDotTasksPerThread per thread to balance the pool: each task decodes its
+// rows' scales, and the AVX-512 bf16 dots arrange x, afresh (64-row tasks,
+// each arranging x then, cost M = 1, mxfp4 14336 x 4096 about 20% on Zen
+// 3).
 constexpr int64_t kDotTasksPerThread = 8;
 // From this many rows of bfloat16 x on, the bf16 GEMM kernel beats the bf16
 // dots (measured on Zen 4); float32 x has its threshold per ISA
 // (IsaKernels::sgemm_min_rows_dot / _axpy).
 constexpr int64_t kGemmMinRowsBf16 = 12;
 
-// `count` elements of `storage`, 64-byte aligned: the kernels' vector loads
-// of arranged x then never straddle cache lines (16-byte aligned x cost the
-// M = 1 dots 3% on Zen 3).
+// `count` elements of `storage`, 64-byte aligned: the dots' vector loads of
+// arranged x then never straddle cache lines (16-byte aligned x cost the
+// M = 1 dots 4-6% on Zen 3, single thread).
 template <typename T>
 T* aligned_elements(std::vector<T>& storage, int64_t count) {
   constexpr size_t kAlignment = 64;

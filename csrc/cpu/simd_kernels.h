@@ -171,7 +171,8 @@ struct SimdKernels {
   // kPerWord vectors. By default vector i holds, in lane j, the code of
   // element j * kPerWord + i (one shift and one table lookup per vector); an
   // ISA may decode a whole E2M1 step its own way (V::decode_e2m1_step, lanes
-  // ordered by V::e2m1_step_element). x is arranged to match once per call.
+  // ordered by V::e2m1_step_element). x is arranged to match once per product
+  // (arrange_x).
   template <int kBits>
   static constexpr int kPerWord = 32 / kBits;
   template <int kBits>
@@ -313,7 +314,22 @@ struct SimdKernels {
   // 3: mxfp4 M = 1 5% faster).
   static constexpr bool kScaleLanes = requires(
       const float* p, typename V::I index) { V::scale_lanes(p, index); };
-  static_assert(!kScaleLanes || kDotStep<4> <= 4 * 16);
+  // Whether every lane of a step falls in its first four groups, for groups
+  // of 16 (the smallest any format has) and wider.
+  template <int kBits>
+  static constexpr bool step_spans_four_groups() {
+    for (int v = 0; v < kPerWord<kBits>; ++v) {
+      for (int lane = 0; lane < kLanes; ++lane) {
+        if (step_element<kBits>(v, lane) >> 4 >= 4) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+  static_assert(
+      !kScaleLanes ||
+      (step_spans_four_groups<4>() && step_spans_four_groups<8>()));
 
   // The scales of each class's lanes for the step at column c.
   template <int kClasses>
