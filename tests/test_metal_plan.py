@@ -231,6 +231,20 @@ def test_split_k_fills_the_cores(device, M, N, K, group_size, splits):
     assert reduction["buffers"][19] == ("int32", splits)
 
 
+@pytest.mark.parametrize("device", ["applegpu_g13s", "applegpu_g17s"])
+@pytest.mark.parametrize("N,K", [(0, 0), (0, 64)])
+def test_empty_output_plans_no_split(device, N, K):
+    # Enough rows for the MMA and NAX tiles, no output columns: no tiles to
+    # split (a division by their count crashed the process, found by
+    # tests/fuzz_ops.py).
+    w = mx.zeros((N, K // 8), mx.uint32)
+    scales = mx.zeros((N, K // 32), mx.uint8)
+    x = mx.zeros((72, K), mx.float16)
+    plan = mlx_fpqmm.kernel_path(x, w, scales, mode="mxfp4", device=device)
+    assert plan["path"] in ("mma", "nax")
+    assert plan["grid"][0] == 0 and plan["split_k"] == 1 and plan["reduction"] is None
+
+
 def test_split_k_only_for_one_transposed_matrix():
     for transpose, batch in ((False, ()), (True, (2,))):
         plan = mlx_fpqmm.kernel_path(

@@ -113,12 +113,15 @@ void plan_split_k(
   }
   int tiles = plan.grid[0] * plan.grid[1];
   int target = 2 * gpu_core_range(device).most;
+  if (tiles == 0 || tiles >= target) {  // no tiles: an empty output
+    return;
+  }
   bool nax = plan.path == KernelPath::nax;
   int step_multiple =
       std::max(nax ? fpqmm::kNaxBlockK : fpqmm::kMmaBlockK, p.group_size);
   int max_splits = p.K / round_up(fpqmm::kSplitKMinStep, step_multiple);
   int wanted = std::min(ceil_div(target, tiles), max_splits);
-  if (tiles >= target || wanted < 2) {
+  if (wanted < 2) {
     return;
   }
   int step = round_up(ceil_div(p.K, wanted), step_multiple);
