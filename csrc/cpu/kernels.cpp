@@ -122,16 +122,19 @@ void decode_float_scales(
   }
 }
 
-void* thread_scratch(int slot, size_t bytes) {
+void* aligned_bytes(std::vector<std::byte>& storage, size_t bytes) {
   constexpr size_t kAlignment = 64;
-  thread_local std::array<std::vector<std::byte>, 3> buffers;
-  auto& buffer = buffers.at(slot);
-  if (buffer.size() < bytes + kAlignment) {
-    buffer.resize(bytes + kAlignment);
+  if (storage.size() < bytes + kAlignment) {
+    storage.resize(bytes + kAlignment);
   }
-  void* data = buffer.data();
-  size_t space = buffer.size();
+  void* data = storage.data();
+  size_t space = storage.size();
   return std::align(kAlignment, bytes, data, space);
+}
+
+void* thread_scratch(int slot, size_t bytes) {
+  thread_local std::array<std::vector<std::byte>, 3> buffers;
+  return aligned_bytes(buffers.at(slot), bytes);
 }
 
 float code_value(const QuantizedMatrix& w, int64_t row, int64_t col) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "formats.h"
 
@@ -51,6 +52,10 @@ inline constexpr int64_t kScalePadding = 16;
 // bf16), times the global factor. Byte scales are decoded in the kernels.
 void decode_float_scales(
     const QuantizedMatrix& w, int64_t row, float* dst, int64_t g0, int64_t g1);
+
+// The first `bytes` bytes of `storage` from a 64-byte boundary, growing it
+// when needed: vector loads from it never straddle cache lines.
+void* aligned_bytes(std::vector<std::byte>& storage, size_t bytes);
 
 // A per-thread buffer of at least `bytes` bytes, 64-byte aligned; `slot`
 // tells apart the buffers one kernel call holds at once. Defined in the

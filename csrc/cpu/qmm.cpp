@@ -6,8 +6,8 @@
 #include "cpu/qmm.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
-#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -46,17 +46,11 @@ constexpr int64_t kDotTasksPerThread = 8;
 // (IsaKernels::sgemm_min_rows_dot / _axpy).
 constexpr int64_t kGemmMinRowsBf16 = 12;
 
-// `count` elements of `storage`, 64-byte aligned: the dots' vector loads of
-// arranged x then never straddle cache lines (16-byte aligned x cost the
-// M = 1 dots 4-6% on Zen 3, single thread).
+// `count` elements of `storage`, 64-byte aligned (16-byte aligned arranged x
+// cost the M = 1 dots 4-6% on Zen 3, single thread).
 template <typename T>
-T* aligned_elements(std::vector<T>& storage, int64_t count) {
-  constexpr size_t kAlignment = 64;
-  storage.resize(count + kAlignment / sizeof(T));
-  void* data = storage.data();
-  size_t space = storage.size() * sizeof(T);
-  return static_cast<T*>(
-      std::align(kAlignment, count * sizeof(T), data, space));
+T* aligned_elements(std::vector<std::byte>& storage, int64_t count) {
+  return static_cast<T*>(aligned_bytes(storage, count * sizeof(T)));
 }
 
 int64_t dot_grain(int64_t N) {
@@ -242,8 +236,8 @@ void qmm_bf16(
   if (args.M >= gemm_min_rows(kGemmMinRowsBf16) && kernels.gemm_bf16 &&
       args.format->bf16_exact) {
     // x is arranged once for all tasks, then each task packs its panels.
-    std::vector<bf16_bits> storage;
-    bf16_bits* arranged = aligned_elements(storage, args.M * args.K);
+    std::vector<std::byte> storage;
+    auto* arranged = aligned_elements<bf16_bits>(storage, args.M * args.K);
     parallel_for(args.M, kArrangeGrain, [&](int64_t m0, int64_t m1) {
       kernels.arrange_x_bf16(
           w, x + m0 * args.K, m1 - m0, arranged + m0 * args.K);
@@ -300,8 +294,8 @@ void qmm(const QmmArgs& args) {
     gemm_f32(args, w, x);
   } else if (args.transpose) {
     int64_t length = kernels.arranged_length(w);
-    std::vector<float> storage;
-    float* arranged = aligned_elements(storage, args.M * length);
+    std::vector<std::byte> storage;
+    auto* arranged = aligned_elements<float>(storage, args.M * length);
     parallel_for(args.M, kArrangeGrain, [&](int64_t m0, int64_t m1) {
       kernels.arrange_x(w, x + m0 * args.K, m1 - m0, arranged + m0 * length);
     });
