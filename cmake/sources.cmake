@@ -3,26 +3,27 @@
 # a new source cannot escape the check. Keep each set() a plain list.
 
 set(FPQMM_SOURCES
-  csrc/bindings.cpp
-  csrc/ops.cpp
-  csrc/primitives.cpp
-  csrc/cpu/blas.cpp
-  csrc/cpu/gather.cpp
-  csrc/cpu/kernels.cpp
-  csrc/cpu/primitives.cpp
-  csrc/cpu/qmm.cpp
-  csrc/cpu/thread_pool.cpp
-  csrc/metal/bindings.cpp
-  csrc/metal/plan.cpp
-  csrc/metal/primitives.cpp
-  csrc/metal/problem.cpp)
-set(FPQMM_INCLUDE_DIRS csrc metal)
+  csrc/python/bindings.cpp
+  csrc/python/kernel_path.cpp
+  csrc/ops/ops.cpp
+  csrc/primitives/primitives.cpp
+  csrc/backend/common/problem.cpp
+  csrc/backend/cpu/blas.cpp
+  csrc/backend/cpu/gather.cpp
+  csrc/backend/cpu/kernels.cpp
+  csrc/backend/cpu/primitives.cpp
+  csrc/backend/cpu/qmm.cpp
+  csrc/backend/cpu/thread_pool.cpp
+  csrc/backend/metal/device.cpp
+  csrc/backend/metal/plan.cpp
+  csrc/backend/metal/primitives.cpp)
+set(FPQMM_INCLUDE_DIRS csrc)
 set(FPQMM_COMPILE_OPTIONS -fopenmp-simd)
 
 # CPU kernels: one file per ISA with its own flags; the code picks one at run
 # time from the CPU's features. NEON is part of the arm64 baseline.
-set(FPQMM_X86_64_SOURCES csrc/cpu/avx2.cpp csrc/cpu/avx512.cpp)
-set(FPQMM_ARM64_SOURCES csrc/cpu/neon.cpp)
+set(FPQMM_X86_64_SOURCES csrc/backend/cpu/avx2.cpp csrc/backend/cpu/avx512.cpp)
+set(FPQMM_ARM64_SOURCES csrc/backend/cpu/neon.cpp)
 
 # macOS: Accelerate's CBLAS (the ILP32 interface of macOS 13.3+).
 set(FPQMM_APPLE_DEFINITIONS MLX_FPQMM_ACCELERATE ACCELERATE_NEW_LAPACK)

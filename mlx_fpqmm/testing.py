@@ -2,9 +2,9 @@
 
 The simulator (the ``metal_sim`` package, ``tools/metal_sim`` in mlx_fpqmm's
 source tree: ``pip install -e tools/metal_sim``) compiles the unmodified
-``metal/*.metal`` kernels for the CPU of an x86-64 Linux machine. The kernel
-sources ship inside the mlx_fpqmm package (``mlx_fpqmm/metal``); an editable
-install uses the source checkout's ``metal/``. Each call is planned by the same
+``csrc/backend/metal/kernels/*.metal`` kernels for the CPU of an x86-64 Linux
+machine. The kernel sources ship inside the mlx_fpqmm package
+(``mlx_fpqmm/include``); an editable install uses the source checkout's ``csrc/``. Each call is planned by the same
 C++ code as the GPU evaluation (``kernel_path``), then dispatched with that
 plan's kernel, grid, threadgroup memory, function constants and buffers.
 """
@@ -27,17 +27,20 @@ from . import _ext
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def find_metal_dir(package_dir: Path = PACKAGE_DIR) -> Path:
-    """The kernel sources: beside the installed module (a wheel ships them as
-    ``mlx_fpqmm/metal``), else the source checkout's ``metal/`` (an editable
-    install, whose module is the checkout's own)."""
-    installed = package_dir / "metal"
-    if any(installed.glob("*.metal")):
+def find_kernel_root(package_dir: Path = PACKAGE_DIR) -> Path:
+    """The include root of the kernel sources (``common/`` and
+    ``backend/metal/kernels/`` below it): beside the installed module (a wheel
+    ships them as ``mlx_fpqmm/include``), else the source checkout's ``csrc/``
+    (an editable install, whose module is the checkout's own)."""
+    installed = package_dir / "include"
+    if any((installed / METAL_KERNELS).glob("*.metal")):
         return installed
-    return package_dir.parent / "metal"
+    return package_dir.parent / "csrc"
 
 
-METAL_DIR = find_metal_dir()
+METAL_KERNELS = Path("backend", "metal", "kernels")
+KERNEL_ROOT = find_kernel_root()
+METAL_DIR = KERNEL_ROOT / METAL_KERNELS
 
 # Buffer contents as NumPy sees them (bfloat16 travels as its raw bits).
 _NUMPY_TYPES = {
@@ -86,13 +89,13 @@ def library(name: str = "mlx_fpqmm"):
     """The simulator's build of the metallib ``name``: every kernel in its sources.
 
     Each metallib is a library of its own, as on the GPU (the function constants
-    of ``metal/fp_common.h`` are defined once per library).
+    of ``backend/metal/kernels/fp_common.h`` are defined once per library).
     """
     check_simulator()
     if not kernel_sources(name):
         raise RuntimeError(
             f"mlx_fpqmm.testing: the Metal kernel sources of {name} were not found in "
-            f"{LIBRARIES[name][0]} (a wheel ships them in mlx_fpqmm/metal; reinstall mlx_fpqmm)."
+            f"{LIBRARIES[name][0]} (a wheel ships them in mlx_fpqmm/include; reinstall mlx_fpqmm)."
         )
     return _build_library(name)
 
@@ -101,7 +104,7 @@ def library(name: str = "mlx_fpqmm"):
 def _build_library(name: str):
     from metal_sim import Library
 
-    return Library(kernel_sources(name), include_dirs=[METAL_DIR], metal_version=LIBRARIES[name][1])
+    return Library(kernel_sources(name), include_dirs=[KERNEL_ROOT], metal_version=LIBRARIES[name][1])
 
 
 @dataclass

@@ -95,7 +95,7 @@ def check_isa_and_path(path, mode, dtype, transpose):
         check(x, w_q, scales, mode, transpose)
 
 
-# float16 x is converted to float32 before any kernel runs (csrc/cpu/qmm.cpp),
+# float16 x is converted to float32 before any kernel runs (csrc/backend/cpu/qmm.cpp),
 # so the ISAs see float32 and bfloat16 x only; float16 runs on the default ISA.
 @pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=DTYPE_NAMES.get)
@@ -122,7 +122,7 @@ def check_float_scales(mode, group_size, scale_dtype, dtype):
 
 
 # Float scales are decoded to float32 by one scalar routine that every ISA
-# shares (decode_float_scales in csrc/cpu/kernels.cpp); the ISAs differ in how
+# shares (decode_float_scales in csrc/backend/cpu/kernels.cpp); the ISAs differ in how
 # groups map onto SIMD steps. So group sizes cross the ISAs with float32 scales,
 # and the float16 / bfloat16 scales run on the default ISA.
 @pytest.mark.parametrize("mode", ["fp4", "fp8"])

@@ -1,6 +1,6 @@
 """The arm64 NEON kernels, cross-compiled and run under qemu-user.
 
-csrc/cpu/testing/kernel_harness.cpp runs one ISA's kernels on a case given on
+csrc/backend/cpu/testing/kernel_harness.cpp runs one ISA's kernels on a case given on
 stdin; here it is built for arm64 twice, by Debian's g++-aarch64-linux-gnu and
 by clang (the ziglang wheel's, with clang's own arm_neon.h, where several
 intrinsics are macros) against the same cross libstdc++, and run with
@@ -30,11 +30,15 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 COMPILER = "aarch64-linux-gnu-g++"
 EMULATOR = "qemu-aarch64"
-SOURCES = ["csrc/cpu/testing/kernel_harness.cpp", "csrc/cpu/kernels.cpp", "csrc/cpu/neon.cpp"]
+SOURCES = [
+    "csrc/backend/cpu/testing/kernel_harness.cpp",
+    "csrc/backend/cpu/kernels.cpp",
+    "csrc/backend/cpu/neon.cpp",
+]
 OPS = {"dot": 0, "axpy": 1, "dequantize": 2}
 
 
-FLAGS = ["-std=c++20", "-O2", "-I", "csrc", "-I", "metal"]
+FLAGS = ["-std=c++20", "-O2", "-I", "csrc"]
 
 
 def clang_objects(directory: Path) -> list[str]:

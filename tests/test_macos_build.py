@@ -160,14 +160,14 @@ def test_source_lists_cover_csrc():
     lists = cmake_lists()
     listed = {s for name, values in lists.items() if name.endswith("SOURCES") for s in values}
     on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp")}
-    assert on_disk - listed == {"csrc/cpu/testing/kernel_harness.cpp"}
+    assert on_disk - listed == {"csrc/backend/cpu/testing/kernel_harness.cpp"}
     assert listed <= on_disk
 
 
 def test_sdist_holds_the_macos_build(sdist_tree):
     needed = ["CMakeLists.txt", "pyproject.toml", "cmake/sources.cmake", *macos_sources()]
-    needed += [str(p.relative_to(ROOT)) for p in (ROOT / "metal").rglob("*") if p.is_file()]
     needed += [str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.h")]
+    needed += [str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.metal")]
     missing = [path for path in needed if not (sdist_tree / path).is_file()]
     assert not missing, f"the sdist lacks {missing}"
 
@@ -182,14 +182,12 @@ def test_macos_typecheck(macos_results, source):
 def test_typecheck_reports_a_wrong_metal_call(tmp_path):
     """A planted defect in eval_gpu (a CommandEncoder call MLX does not have)
     fails the check with clang's message."""
-    (tmp_path / "csrc" / "metal").mkdir(parents=True)
-    for name in ("cmake", "metal"):
-        (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / "cmake").symlink_to(ROOT / "cmake")
     for path in (ROOT / "csrc").rglob("*.h"):
         target = tmp_path / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.symlink_to(path)
-    source = "csrc/metal/primitives.cpp"
+    source = "csrc/backend/metal/primitives.cpp"
     text = (ROOT / source).read_text()
     planted = text.replace(
         "encoder.set_threadgroup_memory_length(bytes, index);",

@@ -18,7 +18,11 @@ from test_cpu_kernels import NONFINITE_CASES, assert_same_values, nonfinite_case
 
 import mlx_fpqmm
 from mlx_fpqmm import bench_metal, mlx_metal
-from mlx_fpqmm.testing import LIBRARIES, METAL_DIR, kernel_sources, library, metal_qmm, run_metal
+from mlx_fpqmm.testing import (
+    KERNEL_ROOT,
+    LIBRARIES,
+    METAL_KERNELS,
+    kernel_sources, library, metal_qmm, run_metal
 
 TYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 # Group size 16 in both, so K % 32 == 16 is allowed.
@@ -96,14 +100,15 @@ def test_metal_language_check_covers_the_kernels(tmp_path):
     """A construct Metal 3.1 lacks, planted in a shared kernel header, fails."""
     from metal_sim import Library, MetalCompileError
 
-    shutil.copytree(METAL_DIR, tmp_path / "metal")
-    header = tmp_path / "metal" / "fp_common.h"
+    shutil.copytree(KERNEL_ROOT, tmp_path / "root")
+    kernels = tmp_path / "root" / METAL_KERNELS
+    header = kernels / "fp_common.h"
     text = header.read_text()
     header.write_text(
         text.replace("#pragma once", "#pragma once\ninline double wide(float v) { return v; }", 1)
     )
     with pytest.raises(MetalCompileError, match=r"fp_common.h:4: double"):
-        Library([tmp_path / "metal" / "fp_qmm.metal"], include_dirs=[tmp_path / "metal"])
+        Library([kernels / "fp_qmm.metal"], include_dirs=[tmp_path / "root"])
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The Metal plan (csrc/metal/plan.cpp) on fake devices: path choice by GPU
+"""The Metal plan (csrc/backend/metal/plan.cpp) on fake devices: path choice by GPU
 generation, NAX gating, the MLX_FPQMM_KERNEL override and the dispatch shapes."""
 
 import sys

@@ -46,23 +46,31 @@ def test_kernel_sources_missing(monkeypatch, tmp_path):
         testing.library()
 
 
-def test_metal_dir_beside_the_module_first(tmp_path):
+def test_kernel_root_beside_the_module_first(tmp_path):
     package = tmp_path / "site-packages" / "mlx_fpqmm"
-    (package / "metal").mkdir(parents=True)
-    (package / "metal" / "fp_qmm.metal").write_text("")
-    assert testing.find_metal_dir(package) == package / "metal"
-    # An editable install: the module is the checkout's, beside metal/.
+    (package / "include" / testing.METAL_KERNELS).mkdir(parents=True)
+    (package / "include" / testing.METAL_KERNELS / "fp_qmm.metal").write_text("")
+    assert testing.find_kernel_root(package) == package / "include"
+    # An editable install: the module is the checkout's, beside csrc/.
     checkout = tmp_path / "checkout" / "mlx_fpqmm"
     checkout.mkdir(parents=True)
-    assert testing.find_metal_dir(checkout) == tmp_path / "checkout" / "metal"
+    assert testing.find_kernel_root(checkout) == tmp_path / "checkout" / "csrc"
 
 
 def test_install_ships_the_kernel_sources():
-    """CMake installs metal/ beside the extension (what the wheel holds): the
-    .metal files and headers of both metallibs, nothing else."""
-    installed = Path(mlx_fpqmm._ext.__file__).parent / "metal"
+    """CMake installs the kernel sources beside the extension (what the wheel
+    holds) in the source tree's layout: the .metal files and headers of both
+    metallibs and the format headers they include, nothing else."""
+    installed = Path(mlx_fpqmm._ext.__file__).parent / "include"
     assert installed.is_dir(), f"{installed} missing: rerun tools/setup"
     files = {p.relative_to(installed).as_posix() for p in installed.rglob("*") if p.is_file()}
-    assert {"fp_qmm.metal", "fp_common.h", "nax/fp_qmm_nax.metal", "nax/fp_qmm_nax.h"} <= files
+    kernels = testing.METAL_KERNELS.as_posix()
+    assert {
+        f"{kernels}/fp_qmm.metal",
+        f"{kernels}/fp_common.h",
+        f"{kernels}/nax/fp_qmm_nax.metal",
+        f"{kernels}/nax/fp_qmm_nax.h",
+        "common/scale_encoding.h",
+    } <= files
     assert all(name.endswith((".metal", ".h")) for name in files), files
-    assert testing.find_metal_dir(installed.parent) == installed
+    assert testing.find_kernel_root(installed.parent) == installed

@@ -1,0 +1,102 @@
+#include "backend/common/problem.h"
+
+namespace mlx_fpqmm {
+
+namespace {
+
+std::vector<int64_t> batch_strides(const mx::array& a, bool strides_known) {
+  int batch_ndims = static_cast<int>(a.ndim()) - 2;
+  std::vector<int64_t> strides(batch_ndims);
+  int64_t contiguous = int64_t(a.shape(-1)) * a.shape(-2);
+  for (int axis = batch_ndims - 1; axis >= 0; --axis) {
+    strides[axis] = strides_known ? a.strides()[axis] : contiguous;
+    contiguous *= a.shape(axis);
+  }
+  return strides;
+}
+
+}  // namespace
+
+int itemsize(FloatType type) {
+  return type == FloatType::float32 ? 4 : 2;
+}
+
+int64_t QmmProblem::batch_count() const {
+  int64_t count = 1;
+  for (int size : batch_shape) {
+    count *= size;
+  }
+  return count;
+}
+
+QmmProblem describe_problem(
+    const std::vector<mx::array>& inputs,
+    const mx::Shape& out_shape,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    bool strides_known) {
+  const auto& x = input(inputs, Input::x);
+  const auto& scales = input(inputs, Input::scales);
+  QmmProblem problem{
+      mode,
+      group_size,
+      transpose,
+      0,
+      out_shape.back(),
+      x.shape(-1),
+      float_type(x.dtype())};
+  if (format_for(mode).scales == ScaleKind::floating) {
+    problem.scale_type = float_type(scales.dtype());
+  }
+  problem.has_global_scale = has_global_scale(inputs);
+  if (folds_rows(inputs)) {
+    // The product of x's leading dimensions (K may be 0).
+    int64_t rows = 1;
+    for (int axis = 0; axis + 1 < static_cast<int>(x.ndim()); ++axis) {
+      rows *= x.shape(axis);
+    }
+    problem.M = static_cast<int>(rows);
+    return problem;
+  }
+  problem.M = x.shape(-2);
+  problem.batch_shape.assign(out_shape.begin(), out_shape.end() - 2);
+  problem.x_batch_strides = batch_strides(x, strides_known);
+  problem.w_batch_strides =
+      batch_strides(input(inputs, Input::w), strides_known);
+  problem.scales_batch_strides = batch_strides(scales, strides_known);
+  return problem;
+}
+
+QmmProblem describe_gather_problem(
+    const std::vector<mx::array>& inputs,
+    const mx::Shape& out_shape,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    bool right_sorted) {
+  const auto& x = input(inputs, GatherInput::x);
+  const auto& w = input(inputs, GatherInput::w);
+  const auto& scales = input(inputs, GatherInput::scales);
+  QmmProblem problem{
+      mode,
+      group_size,
+      transpose,
+      x.shape(-2),
+      out_shape.back(),
+      x.shape(-1),
+      float_type(x.dtype())};
+  if (format_for(mode).scales == ScaleKind::floating) {
+    problem.scale_type = float_type(scales.dtype());
+  }
+  problem.has_global_scale = has_expert_scales(inputs);
+  problem.gather = true;
+  problem.right_sorted = right_sorted;
+  problem.x_matrices = static_cast<int>(matrix_count(x));
+  problem.w_matrices = static_cast<int>(matrix_count(w));
+  problem.batch_shape = {
+      static_cast<int>(input(inputs, GatherInput::lhs_indices).size())};
+  return problem;
+}
+
+}  // namespace mlx_fpqmm

@@ -1,0 +1,71 @@
+// One quantized product as every GPU backend's plan sees it, and how it is
+// described from the primitives' inputs (shared by eval_gpu and the Python
+// bindings, so both plan the same call the same way).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "mlx/array.h"
+
+#include "common/formats.h"
+#include "primitives/primitives.h"
+
+namespace mlx_fpqmm {
+
+namespace mx = mlx::core;
+
+// Bytes of one element of x (or of y, which has x's type).
+int itemsize(FloatType type);
+
+// One FpQuantizedMatmul (or gather) call as the kernels see it: x is (batch..., M, K),
+// w and scales are (batch..., N or K, ...), y is (batch..., M, N) contiguous.
+// With 2-D weights every leading dimension of x is folded into M.
+struct QmmProblem {
+  Mode mode;
+  int group_size;
+  bool transpose;
+  int M, N, K;
+  FloatType x_type;
+  std::optional<FloatType> scale_type;  // float-scale modes only
+  bool has_global_scale = false;
+  std::vector<int> batch_shape;  // empty: one matrix product
+  // Per batch axis, in elements of each buffer (uint32 words for w).
+  std::vector<int64_t> x_batch_strides;
+  std::vector<int64_t> w_batch_strides;
+  std::vector<int64_t> scales_batch_strides;
+  // Gather (mixture of experts): batch_shape holds the number of index
+  // pairs; pair z multiplies x matrix lhs_indices[z] with W matrix
+  // rhs_indices[z], out of x_matrices and w_matrices row-contiguous ones.
+  bool gather = false;
+  int x_matrices = 0;
+  int w_matrices = 0;
+  // The caller says rhs_indices are sorted (mlx-lm's sorted tokens).
+  bool right_sorted = false;
+
+  int64_t batch_count() const;
+};
+
+// `inputs` are the primitive's (Input in primitives.h), already readable in
+// place (readable_in_place). Without `strides_known` (unevaluated arrays) the
+// batch strides are those of row-contiguous arrays.
+QmmProblem describe_problem(
+    const std::vector<mx::array>& inputs,
+    const mx::Shape& out_shape,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    bool strides_known);
+
+// The same for FpGatherQuantizedMatmul's inputs (GatherInput in
+// primitives.h), row-contiguous as the op makes them.
+QmmProblem describe_gather_problem(
+    const std::vector<mx::array>& inputs,
+    const mx::Shape& out_shape,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    bool right_sorted);
+
+}  // namespace mlx_fpqmm

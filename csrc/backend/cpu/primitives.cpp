@@ -1,0 +1,83 @@
+// FpQuantizedMatmul on the CPU: one kernel call per batch element, on inputs
+// the op has made readable in place (readable_in_place in primitives.h).
+#include <vector>
+
+#include "backend/cpu/dispatch.h"
+#include "backend/cpu/qmm.h"
+#include "primitives/primitives.h"
+
+namespace mlx_fpqmm {
+
+namespace {
+
+// Element offset of batch element `index` of a (..., rows, cols) array.
+int64_t batch_offset(const mx::array& a, int64_t index) {
+  int64_t offset = 0;
+  for (int axis = static_cast<int>(a.ndim()) - 3; axis >= 0; --axis) {
+    offset += (index % a.shape(axis)) * a.strides()[axis];
+    index /= a.shape(axis);
+  }
+  return offset;
+}
+
+// Batch element `index` of a, whose matrices are row-contiguous.
+const char* matrix(const mx::array& a, int64_t index) {
+  return a.data<char>() + batch_offset(a, index) * a.itemsize();
+}
+
+}  // namespace
+
+void FpQuantizedMatmul::eval_cpu(
+    const std::vector<mx::array>& inputs, mx::array& out) {
+  if (out.size() != 0) {
+    check_readable_in_place(inputs);
+  }
+  cpu::dispatch(
+      stream(),
+      inputs,
+      out,
+      [mode = mode_, group_size = group_size_, transpose = transpose_](
+          const std::vector<mx::array>& inputs, mx::array& out) {
+        const auto& x = input(inputs, Input::x);
+        const auto& w = input(inputs, Input::w);
+        const auto& scales = input(inputs, Input::scales);
+        bool fold = folds_rows(inputs);
+        int64_t K = x.shape(-1);
+        int64_t N = out.shape(-1);
+        int64_t leading = 1;
+        for (int axis = 0; axis + 2 < static_cast<int>(out.ndim()); ++axis) {
+          leading *= out.shape(axis);
+        }
+        int64_t M = fold ? leading * out.shape(-2) : out.shape(-2);
+        int64_t batches = fold ? 1 : leading;
+        float global_factor = 1.0f;
+        if (has_global_scale(inputs)) {
+          global_factor = *input(inputs, Input::global_scale).data<float>() /
+                          kNvfp4GlobalScaleDivisor;
+        }
+        cpu::QmmArgs args{
+            &format_for(mode),
+            group_size,
+            transpose,
+            M,
+            N,
+            K,
+            x.dtype(),
+            nullptr,
+            nullptr,
+            nullptr,
+            scale_encoding(mode, scales),
+            global_factor,
+            nullptr};
+        char* out_data = out.data<char>();
+        for (int64_t b = 0; b < batches; ++b) {
+          args.x = fold ? x.data<char>() : matrix(x, b);
+          args.w = reinterpret_cast<const uint32_t*>(matrix(w, b));
+          args.scales = matrix(scales, b);
+          args.out = out_data + b * M * N * out.itemsize();
+          cpu::qmm(args);
+        }
+      });
+}
+
+}  // namespace mlx_fpqmm

@@ -1,0 +1,32 @@
+// CPU kernels for one (M, K) x quantized (N, K) matrix product.
+#pragma once
+
+#include <cstdint>
+
+#include "mlx/dtype.h"
+
+#include "common/formats.h"
+
+namespace mlx_fpqmm::cpu {
+
+namespace mx = mlx::core;
+
+struct QmmArgs {
+  const Format* format;
+  int group_size;
+  // true: out = x @ W^T with W stored (N, K) and grouped along K.
+  // false: out = x @ W with W stored (K, N) and grouped along N.
+  bool transpose;
+  int64_t M, N, K;
+  mx::Dtype dtype;     // of x and out
+  const void* x;       // M x K, row-major
+  const uint32_t* w;   // rows of packed codes, row-major
+  const void* scales;  // one per group, row-major
+  ScaleEncoding scale_encoding;
+  float global_factor;  // multiplies every scale (nvfp4 global scale)
+  void* out;            // M x N, row-major
+};
+
+void qmm(const QmmArgs& args);
+
+}  // namespace mlx_fpqmm::cpu

@@ -1,0 +1,236 @@
+// Backend-independent parts of FpQuantizedMatmul: shapes, equivalence and
+// transforms (written with ops, on the primitive's stream).
+#include "primitives/primitives.h"
+
+#include <limits>
+#include <stdexcept>
+
+#include "mlx/ops.h"
+
+#include "ops/ops.h"
+
+namespace mlx_fpqmm {
+
+namespace {
+
+// The optional global scale, the last input of either primitive.
+template <typename Which>
+std::optional<mx::array> global_scale_input(
+    const std::vector<mx::array>& inputs, Which which) {
+  if (inputs.size() > static_cast<size_t>(which)) {
+    return input(inputs, which);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool readable_in_place(const std::vector<mx::array>& inputs, Input which) {
+  const auto& a = input(inputs, which);
+  if (which == Input::global_scale) {
+    return true;  // one float
+  }
+  if (which == Input::x && folds_rows(inputs)) {
+    return a.flags().row_contiguous;
+  }
+  int rows = a.shape(-2);
+  int cols = a.shape(-1);
+  return (cols <= 1 || a.strides()[a.ndim() - 1] == 1) &&
+         (rows <= 1 || a.strides()[a.ndim() - 2] == cols);
+}
+
+void check_readable_in_place(const std::vector<mx::array>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!readable_in_place(inputs, static_cast<Input>(i))) {
+      throw std::logic_error(
+          "[FpQuantizedMatmul] The kernels need row-contiguous matrices, and "
+          "the op did not make " +
+          std::string(kInputNames[i]) + " so.");
+    }
+  }
+}
+
+FloatType float_type(mx::Dtype dtype) {
+  if (dtype == mx::float32) {
+    return FloatType::float32;
+  }
+  if (dtype == mx::float16) {
+    return FloatType::float16;
+  }
+  if (dtype == mx::bfloat16) {
+    return FloatType::bfloat16;
+  }
+  throw std::invalid_argument(
+      "[FpQuantizedMatmul] x and float scales must be floats.");
+}
+
+ScaleEncoding scale_encoding(Mode mode, const mx::array& scales) {
+  std::optional<FloatType> type;
+  if (format_for(mode).scales == ScaleKind::floating) {
+    type = float_type(scales.dtype());
+  }
+  return mlx_fpqmm::scale_encoding(mode, type);
+}
+
+std::vector<mx::Shape> FpQuantizedMatmul::output_shapes(
+    const std::vector<mx::array>& inputs) {
+  auto shape = input(inputs, Input::x).shape();
+  shape.back() = output_columns(input(inputs, Input::w));
+  return {shape};
+}
+
+bool FpQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& rhs = static_cast<const FpQuantizedMatmul&>(other);
+  return state() == rhs.state();
+}
+
+std::vector<mx::array> FpQuantizedMatmul::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>&) {
+  std::vector<mx::array> grads;
+  for (int argnum : argnums) {
+    if (argnum != static_cast<int>(Input::x)) {
+      throw std::invalid_argument(
+          "[FpQuantizedMatmul::vjp] No gradient with respect to the "
+          "quantized weights, scales or global scale (argument " +
+          std::to_string(argnum) + "); only x is differentiable.");
+    }
+    // d(x @ W^T)/dx = cotangent @ W: the same weights with transpose flipped.
+    grads.push_back(fp_qmm_unchecked(
+        cotangents[0],
+        input(primals, Input::w),
+        input(primals, Input::scales),
+        global_scale_input(primals, Input::global_scale),
+        mode_,
+        group_size_,
+        !transpose_,
+        stream()));
+  }
+  return grads;
+}
+
+std::vector<mx::array> FpQuantizedMatmul::jvp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& tangents,
+    const std::vector<int>& argnums) {
+  for (int argnum : argnums) {
+    if (argnum != static_cast<int>(Input::x)) {
+      throw std::invalid_argument(
+          "[FpQuantizedMatmul::jvp] No derivative with respect to the "
+          "quantized weights, scales or global scale (argument " +
+          std::to_string(argnum) + "); only x is differentiable.");
+    }
+  }
+  return {fp_qmm_unchecked(
+      tangents[0],
+      input(primals, Input::w),
+      input(primals, Input::scales),
+      global_scale_input(primals, Input::global_scale),
+      mode_,
+      group_size_,
+      transpose_,
+      stream())};
+}
+
+namespace {
+
+void check_gather_argnums(
+    const char* transform, const std::vector<int>& argnums) {
+  for (int argnum : argnums) {
+    if (argnum != 0) {
+      throw std::invalid_argument(
+          std::string("[FpGatherQuantizedMatmul::") + transform +
+          "] No derivative with respect to the quantized weights, scales, "
+          "indices or global scale (argument " +
+          std::to_string(argnum) + "); only x is differentiable.");
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<mx::Shape> FpGatherQuantizedMatmul::output_shapes(
+    const std::vector<mx::array>& inputs) {
+  auto shape = input(inputs, GatherInput::lhs_indices).shape();
+  shape.push_back(input(inputs, GatherInput::x).shape(-2));
+  shape.push_back(output_columns(input(inputs, GatherInput::w)));
+  return {shape};
+}
+
+bool FpGatherQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& rhs = static_cast<const FpGatherQuantizedMatmul&>(other);
+  return state() == rhs.state();
+}
+
+std::vector<mx::array> FpGatherQuantizedMatmul::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>&) {
+  check_gather_argnums("vjp", argnums);
+  const auto& x = input(primals, GatherInput::x);
+  const auto& lhs = input(primals, GatherInput::lhs_indices);
+  const auto& cotangent = cotangents[0];
+  auto s = stream();
+  if (x.size() == 0) {
+    return {mx::zeros_like(x, s)};
+  }
+  // Per pair, cotangent @ W (the same weights with transpose flipped), then
+  // summed into the x matrices the pairs read.
+  auto pairs = mx::reshape(
+      mx::arange(static_cast<int>(lhs.size()), mx::uint32, s), lhs.shape(), s);
+  auto per_pair = fp_gather_qmm_unchecked(
+      cotangent,
+      input(primals, GatherInput::w),
+      input(primals, GatherInput::scales),
+      pairs,
+      input(primals, GatherInput::rhs_indices),
+      global_scale_input(primals, GatherInput::global_scale),
+      mode_,
+      group_size_,
+      !transpose_,
+      false,
+      s);
+  int x_matrices = static_cast<int>(matrix_count(x));
+  // A pair whose x index is out of range (its output was NaN) adds NaN to
+  // matrix 0 rather than writing out of bounds.
+  auto flat_lhs = mx::flatten(lhs, s);
+  auto valid = mx::less(flat_lhs, mx::array(x_matrices, mx::uint32), s);
+  auto rows = mx::where(valid, flat_lhs, mx::array(0, mx::uint32), s);
+  auto updates = mx::where(
+      mx::reshape(valid, {-1, 1, 1, 1}, s),
+      mx::reshape(per_pair, {-1, 1, x.shape(-2), x.shape(-1)}, s),
+      mx::array(std::numeric_limits<float>::quiet_NaN(), per_pair.dtype()),
+      s);
+  auto x_shape = x.shape();
+  auto grad = mx::scatter_add(
+      mx::zeros({x_matrices, x.shape(-2), x.shape(-1)}, x.dtype(), s),
+      {rows},
+      updates,
+      {0},
+      s);
+  return {mx::reshape(grad, x_shape, s)};
+}
+
+std::vector<mx::array> FpGatherQuantizedMatmul::jvp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& tangents,
+    const std::vector<int>& argnums) {
+  check_gather_argnums("jvp", argnums);
+  return {fp_gather_qmm_unchecked(
+      tangents[0],
+      input(primals, GatherInput::w),
+      input(primals, GatherInput::scales),
+      input(primals, GatherInput::lhs_indices),
+      input(primals, GatherInput::rhs_indices),
+      global_scale_input(primals, GatherInput::global_scale),
+      mode_,
+      group_size_,
+      transpose_,
+      right_sorted_,
+      stream())};
+}
+
+}  // namespace mlx_fpqmm

@@ -1,0 +1,452 @@
+// Python bindings of the Metal plan: kernel_path() for users, and the
+// private _metal_plan() / _metal_choose_path() behind mlx_fpqmm.testing and
+// the tests.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "mlx/backend/gpu/device_info.h"
+#include "mlx/ops.h"
+#include "mlx/transforms.h"
+
+#include "python/kernel_path.h"
+#include "backend/metal/plan.h"
+#include "backend/common/problem.h"
+#include "ops/ops.h"
+#include "primitives/primitives.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace mlx_fpqmm::metal {
+
+namespace {
+
+constexpr std::string_view kNewestMacos = "26.2";
+
+GpuDevice device_description(
+    const std::optional<std::string>& architecture,
+    const std::optional<std::string>& macos) {
+  GpuDevice device;
+  if (architecture) {
+    device.architecture = *architecture;
+    if (device.generation() == 0) {
+      throw std::invalid_argument(
+          "device='" + *architecture +
+          "' is not an Apple GPU architecture name; expected "
+          "'applegpu_g<generation><size class>', e.g. 'applegpu_g16s'.");
+    }
+  } else if (mx::gpu::is_available()) {
+    device.architecture =
+        std::get<std::string>(mx::gpu::device_info().at("architecture"));
+  } else {
+    throw std::invalid_argument(
+        "No Metal GPU here: pass device=, e.g. device='applegpu_g16s'.");
+  }
+  auto running = running_macos_version();
+  auto version = macos ? parse_os_version(*macos)
+                 : running.first > 0
+                     ? running
+                     : parse_os_version(std::string(kNewestMacos));
+  device.macos_major = version.first;
+  device.macos_minor = version.second;
+  return device;
+}
+
+KernelRequest request_from(const std::optional<std::string>& kernel) {
+  if (!kernel) {
+    return kernel_request_from_env();
+  }
+  auto request = kernel_request_from_name(*kernel);
+  if (!request) {
+    throw std::invalid_argument(
+        "kernel='" + *kernel + "' is not one of 'auto', 'qmv', 'mma', 'nax'.");
+  }
+  return *request;
+}
+
+// The FpQuantizedMatmul node the validated op builds for this call.
+mx::array primitive_node(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& global_scale,
+    const std::string& mode,
+    std::optional<int> group_size,
+    bool transpose) {
+  auto out = global_scale ? mlx_fpqmm::fp4_qmm(
+                                x,
+                                w,
+                                scales,
+                                transpose,
+                                group_size,
+                                mode,
+                                global_scale,
+                                mx::Device::cpu)
+                          : mlx_fpqmm::quantized_matmul(
+                                x,
+                                w,
+                                scales,
+                                std::nullopt,
+                                transpose,
+                                group_size,
+                                std::nullopt,
+                                mode,
+                                mx::Device::cpu);
+  // A 1-D x adds a squeeze after the primitive.
+  while (out.has_primitive() &&
+         dynamic_cast<FpQuantizedMatmul*>(&out.primitive()) == nullptr) {
+    out = out.inputs()[0];
+  }
+  return out;
+}
+
+// The bytes a kernel can reach through `a`'s data pointer, shape and strides.
+nb::bytes reachable_bytes(const mx::array& a) {
+  int64_t extent = a.size() == 0 ? 0 : 1;
+  for (size_t axis = 0; axis < a.ndim() && a.size() > 0; ++axis) {
+    extent += (a.shape(axis) - 1) * a.strides()[axis];
+  }
+  return nb::bytes(a.data<char>(), extent * a.itemsize());
+}
+
+nb::object binding_value(const BufferBinding& binding) {
+  return std::visit(
+      [&](const auto& value) -> nb::object {
+        using V = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<V, Operand>) {
+          return nb::make_tuple(
+              "operand",
+              std::string(kOperandNames[static_cast<size_t>(value)]));
+        } else if constexpr (std::is_same_v<V, int32_t>) {
+          return nb::make_tuple("int32", value);
+        } else if constexpr (std::is_same_v<V, std::vector<int32_t>>) {
+          return nb::make_tuple("int32[]", nb::cast(value));
+        } else {
+          return nb::make_tuple("int64[]", nb::cast(value));
+        }
+      },
+      binding.value);
+}
+
+nb::dict plan_dict(const KernelPlan& plan) {
+  nb::dict result;
+  result["path"] = std::string(path_name(plan.path));
+  result["requested"] = std::string(request_name(plan.requested));
+  result["note"] = plan.note;
+  result["library"] = plan.library;
+  result["kernel"] = plan.kernel;
+  result["pipeline"] = plan.pipeline_name();
+  result["grid"] = nb::make_tuple(plan.grid[0], plan.grid[1], plan.grid[2]);
+  result["block_m"] = plan.block_m;
+  result["block_n"] = plan.block_n;
+  result["threadgroup"] = nb::make_tuple(
+      plan.threadgroup[0], plan.threadgroup[1], plan.threadgroup[2]);
+  nb::dict memory;
+  for (auto [index, bytes] : plan.threadgroup_memory) {
+    memory[nb::int_(index)] = bytes;
+  }
+  result["threadgroup_memory"] = memory;
+  nb::dict constants;
+  for (const auto& constant : plan.constants) {
+    constants[nb::int_(constant.index)] =
+        std::visit([](auto value) { return nb::cast(value); }, constant.value);
+  }
+  result["constants"] = constants;
+  nb::dict buffers;
+  for (const auto& binding : plan.buffers) {
+    buffers[nb::int_(binding.index)] = binding_value(binding);
+  }
+  result["buffers"] = buffers;
+  result["split_k"] = plan.split_k;
+  result["partials_elements"] = plan.partials_elements;
+  if (plan.reduction) {
+    const auto& sum = *plan.reduction;
+    nb::dict reduction;
+    reduction["library"] = sum.library;
+    reduction["kernel"] = sum.kernel;
+    reduction["grid"] = nb::make_tuple(sum.grid[0], sum.grid[1], sum.grid[2]);
+    reduction["threadgroup"] = nb::make_tuple(
+        sum.threadgroup[0], sum.threadgroup[1], sum.threadgroup[2]);
+    nb::dict sum_buffers;
+    for (const auto& binding : sum.buffers) {
+      sum_buffers[nb::int_(binding.index)] = binding_value(binding);
+    }
+    reduction["buffers"] = sum_buffers;
+    result["reduction"] = reduction;
+  } else {
+    result["reduction"] = nb::none();
+  }
+  return result;
+}
+
+// The FpGatherQuantizedMatmul node the validated op builds for this call.
+mx::array gather_node(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& lhs_indices,
+    const std::optional<mx::array>& rhs_indices,
+    bool sorted_indices,
+    const std::optional<mx::array>& global_scale,
+    const std::string& mode,
+    std::optional<int> group_size,
+    bool transpose) {
+  return mlx_fpqmm::gather_qmm(
+      x,
+      w,
+      scales,
+      std::nullopt,
+      lhs_indices,
+      rhs_indices,
+      transpose,
+      group_size,
+      std::nullopt,
+      mode,
+      global_scale,
+      sorted_indices,
+      mx::Device::cpu);
+}
+
+nb::dict plan_call(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& global_scale,
+    const std::optional<mx::array>& lhs_indices,
+    const std::optional<mx::array>& rhs_indices,
+    bool sorted_indices,
+    const std::string& mode,
+    std::optional<int> group_size,
+    bool transpose,
+    const std::optional<std::string>& device,
+    const std::optional<std::string>& macos,
+    const std::optional<std::string>& kernel,
+    std::optional<bool> nax_kernels_built,
+    bool with_operands) {
+  if (mode == "affine") {
+    throw std::invalid_argument(
+        "mode 'affine' runs on MLX's own kernels, not mlx_fpqmm's.");
+  }
+  // With indices, the gather primitive (mixture of experts).
+  bool gather = lhs_indices || rhs_indices;
+  auto node =
+      gather ? gather_node(
+                   x,
+                   w,
+                   scales,
+                   lhs_indices,
+                   rhs_indices,
+                   sorted_indices,
+                   global_scale,
+                   mode,
+                   group_size,
+                   transpose)
+             : primitive_node(
+                   x, w, scales, global_scale, mode, group_size, transpose);
+  auto inputs = node.inputs();
+  if (with_operands) {
+    // What eval_gpu receives: evaluated inputs, readable in place.
+    mx::eval(inputs);
+    if (!gather) {
+      check_readable_in_place(inputs);
+    }
+  }
+  QmmProblem problem;
+  if (gather) {
+    auto [primitive_mode, primitive_group_size, primitive_transpose, sorted] =
+        static_cast<FpGatherQuantizedMatmul&>(node.primitive()).state();
+    problem = describe_gather_problem(
+        inputs,
+        node.shape(),
+        primitive_mode,
+        primitive_group_size,
+        primitive_transpose,
+        sorted);
+  } else {
+    auto [primitive_mode, primitive_group_size, primitive_transpose] =
+        static_cast<FpQuantizedMatmul&>(node.primitive()).state();
+    problem = describe_problem(
+        inputs,
+        node.shape(),
+        primitive_mode,
+        primitive_group_size,
+        primitive_transpose,
+        with_operands);
+  }
+  // By default: on a Mac, whether this build installed the NAX library;
+  // elsewhere the device is hypothetical, built with an SDK that has Metal 4.
+  if (!nax_kernels_built) {
+    nax_kernels_built =
+        running_macos_version().first == 0 || nax_library_installed();
+  }
+  auto result = plan_dict(plan(
+      problem,
+      device_description(device, macos),
+      request_from(kernel),
+      *nax_kernels_built));
+  nb::list output_shape;
+  for (int size : node.shape()) {
+    output_shape.append(size);
+  }
+  result["output_shape"] = nb::tuple(output_shape);
+  if (with_operands) {
+    nb::dict operands;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      auto name = gather ? kGatherInputNames[i] : kInputNames[i];
+      operands[nb::str(name.data(), name.size())] = reachable_bytes(inputs[i]);
+    }
+    result["operands"] = operands;
+  }
+  return result;
+}
+
+}  // namespace
+
+void register_metal_bindings(nb::module_& m) {
+  m.def(
+      "kernel_path",
+      [](const mx::array& x,
+         const mx::array& w,
+         const mx::array& scales,
+         bool transpose,
+         std::optional<int> group_size,
+         const std::string& mode,
+         const std::optional<mx::array>& global_scale,
+         const std::optional<mx::array>& lhs_indices,
+         const std::optional<mx::array>& rhs_indices,
+         bool sorted_indices,
+         const std::optional<std::string>& device,
+         const std::optional<std::string>& macos,
+         const std::optional<std::string>& kernel) {
+        return plan_call(
+            x,
+            w,
+            scales,
+            global_scale,
+            lhs_indices,
+            rhs_indices,
+            sorted_indices,
+            mode,
+            group_size,
+            transpose,
+            device,
+            macos,
+            kernel,
+            std::nullopt,
+            false);
+      },
+      nb::arg(),
+      nb::arg(),
+      "scales"_a,
+      "transpose"_a = true,
+      "group_size"_a = nb::none(),
+      "mode"_a = "mxfp4",
+      nb::kw_only(),
+      "global_scale"_a = nb::none(),
+      "lhs_indices"_a = nb::none(),
+      "rhs_indices"_a = nb::none(),
+      "sorted_indices"_a = false,
+      "device"_a = nb::none(),
+      "macos"_a = nb::none(),
+      "kernel"_a = nb::none(),
+      nb::sig(
+          "def kernel_path(x: mlx.core.array, w: mlx.core.array, /, scales: "
+          "mlx.core.array, "
+          "transpose: bool = True, group_size: typing.Optional[int] = None, "
+          "mode: str = 'mxfp4', *, global_scale: "
+          "typing.Optional[mlx.core.array] = None, "
+          "lhs_indices: typing.Optional[mlx.core.array] = None, "
+          "rhs_indices: typing.Optional[mlx.core.array] = None, "
+          "sorted_indices: bool = False, "
+          "device: typing.Optional[str] = None, macos: typing.Optional[str] = "
+          "None, "
+          "kernel: typing.Optional[str] = None) -> dict"),
+      R"pbdoc(
+        Which Metal kernel a call with these arguments runs, and why.
+
+        Plans the call exactly as the GPU evaluation does, without running
+        it. The arrays only lend their shapes and dtypes.
+
+        Args:
+            x, w, scales, transpose, group_size, mode, global_scale: as for
+              :func:`quantized_matmul` / :func:`fp4_qmm`.
+            lhs_indices, rhs_indices, sorted_indices: as for
+              :func:`gather_qmm`: plan that call (the mixture-of-experts
+              kernels, ``fpqmm_gather_...``) instead.
+            device (str, optional): GPU architecture name such as
+              ``"applegpu_g16s"`` (generation 16, size class ``s``). Default:
+              this machine's GPU.
+            macos (str, optional): macOS version such as ``"26.2"``. Default:
+              this machine's, or the newest known elsewhere. Off macOS the
+              device is hypothetical, with the NAX metallib installed; on a
+              Mac, NAX needs this build to have installed it.
+            kernel (str, optional): ``"auto"``, ``"qmv"``, ``"mma"`` or
+              ``"nax"``. Default: ``MLX_FPQMM_KERNEL`` or ``"auto"``.
+
+        Returns:
+            dict: ``path`` (``"qmv"``, ``"mma"`` or ``"nax"``), ``note`` (why),
+            ``library`` (the metallib), ``kernel`` (the host name), ``grid``,
+            ``threadgroup``, ``block_m`` and ``block_n`` (the tile; 0 for
+            the decode kernels), ``threadgroup_memory``, ``constants`` and
+            ``buffers``; ``split_k`` (1, or the number of K slices whose
+            float32 partial sums, ``partials_elements`` in all, the
+            ``reduction`` dispatch adds into the output; else ``None``).
+      )pbdoc");
+
+  m.def(
+      "_metal_plan",
+      &plan_call,
+      "x"_a,
+      "w"_a,
+      "scales"_a,
+      "global_scale"_a.none(),
+      "lhs_indices"_a.none(),
+      "rhs_indices"_a.none(),
+      "sorted_indices"_a,
+      "mode"_a,
+      "group_size"_a.none(),
+      "transpose"_a,
+      "device"_a,
+      "macos"_a.none(),
+      "kernel"_a,
+      "nax_kernels_built"_a.none(),
+      "with_operands"_a,
+      "The plan of a call plus the bytes of its evaluated operands.");
+
+  m.def(
+      "_metal_choose_path",
+      [](int M,
+         int N,
+         int K,
+         bool transpose,
+         const std::string& device,
+         const std::string& macos,
+         const std::string& kernel,
+         bool nax_kernels_built) {
+        QmmProblem problem{
+            Mode::mxfp4, 32, transpose, M, N, K, FloatType::float16};
+        auto choice = choose_path(
+            problem,
+            device_description(device, macos),
+            request_from(kernel),
+            nax_kernels_built);
+        return nb::make_tuple(std::string(path_name(choice.path)), choice.note);
+      },
+      "M"_a,
+      "N"_a,
+      "K"_a,
+      "transpose"_a,
+      "device"_a,
+      "macos"_a,
+      "kernel"_a,
+      "nax_kernels_built"_a,
+      "The path choice alone, with a stand-in for whether NAX kernels exist.");
+}
+
+}  // namespace mlx_fpqmm::metal
