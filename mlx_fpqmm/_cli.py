@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import FORMATS
+from ._formats import FORMATS
 
 
 def convert_parser() -> argparse.ArgumentParser:

@@ -25,12 +25,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
-from . import FORMATS
+from . import nn as fpnn
+from ._formats import FORMATS, MLX_MODES, resolve_mode
 
 __all__ = ["MLX_MODES", "convert_checkpoint", "load", "load_model", "quantize_model"]
-
-MLX_MODES = ("mxfp4", "nvfp4", "mxfp8")
-"""The modes MLX (and so mlx-lm) knows; the others are mlx_fpqmm's alone."""
 
 TAG = " (load with mlx_fpqmm.load)"
 """Appended to the mode names in ``config.json`` that mlx-lm cannot load."""
@@ -102,9 +100,7 @@ def quantize_model(
     Returns:
         The model (quantized in place) and the new config.
     """
-    from . import nn as fpnn
-
-    group_size, bits = fpnn._resolve_mode(mode, group_size, None)
+    group_size, bits = resolve_mode(mode, group_size, None)
     quant_params = {"group_size": group_size, "bits": bits, "mode": mode}
     if global_scale:
         quant_params["global_scale"] = True
@@ -129,7 +125,7 @@ def quantize_model(
         else:
             params = dict(params)
             if params.get("mode", "affine") in FORMATS:
-                params["group_size"], params["bits"] = fpnn._resolve_mode(
+                params["group_size"], params["bits"] = resolve_mode(
                     params["mode"], params.get("group_size"), params.get("bits")
                 )
         # Layers whose input size the (layer's) group size does not divide stay float.
@@ -276,8 +272,6 @@ def load_model(
     (:func:`mlx_fpqmm.convert`).
     """
     from mlx_lm import utils as lm_utils
-
-    from . import nn as fpnn
 
     model_path = Path(model_path)
     config = lm_utils.load_config(model_path)

@@ -21,9 +21,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.nn.layers import distributed as _mlx_dist
 
-from . import FORMATS
-from ._ext import quantize as _quantize
-from .nn import QuantizedLinear, _matmul, _resolve_mode, _wrap
+from ._formats import FORMATS
+from ._layers import matmul, quantize_weight, setup, wrap
+from ._linear import QuantizedLinear
 
 __all__ = [
     "QuantizedAllToShardedLinear",
@@ -111,9 +111,7 @@ class _ShardedMixin:
         *,
         global_scale: bool = False,
     ) -> None:
-        nn.Module.__init__(self)
-        self.group_size, self.bits = _resolve_mode(mode, group_size, bits)
-        self.mode = mode
+        setup(self, mode, group_size, bits)
         self.group = group or mx.distributed.init()
         n = self.group.size()
         if self._sharding == "all-to-sharded":
@@ -127,11 +125,8 @@ class _ShardedMixin:
         scale = math.sqrt(1 / input_dims)
         weight = mx.random.uniform(low=-scale, high=scale, shape=shape)
         # The uniform's bound is >= max|w| and the same on every rank: a replicated tensor scale.
-        gs = mx.array(scale, dtype=mx.float32) if global_scale else None
-        self.weight, self.scales = _quantize(weight, self.group_size, mode=mode, global_scale=gs)
-        self.biases = None
-        if gs is not None:
-            self.global_scale = gs
+        tensor_scale = mx.array(scale, dtype=mx.float32) if global_scale else False
+        quantize_weight(self, weight, tensor_scale)
         if bias:
             self.bias = mx.zeros((bias_dims,))
         self.freeze()
@@ -157,7 +152,7 @@ class _ShardedMixin:
                 f"mlx_fpqmm's sharded layers need an fp mode ({', '.join(FORMATS)}) but the "
                 f"layer's mode is '{mode}'; use mlx.nn.shard_linear for it."
             )
-        layer = _wrap(cls, source)
+        layer = wrap(cls, source)
         layer.group = group or mx.distributed.init()
         out_dims, packed = source["weight"].shape
         in_dims = packed * 32 // layer.bits
@@ -172,7 +167,7 @@ class _ShardedMixin:
     @classmethod
     def from_quantized(cls, layer: nn.Module):
         """Wrap one of MLX's sharded layers in an fp mode, sharing its arrays (no copy)."""
-        ours = _wrap(cls, layer)  # keeps its frozen state and training mode
+        ours = wrap(cls, layer)  # keeps its frozen state and training mode
         ours.group = layer.group
         return ours
 
@@ -201,7 +196,7 @@ class QuantizedAllToShardedLinear(_ShardedMixin, nn.QuantizedAllToShardedLinear)
 
     def __call__(self, x: mx.array) -> mx.array:
         x = _mlx_dist.sum_gradients(self.group)(x)
-        x = _matmul(self, x)
+        x = matmul(self, x)
         if "bias" in self:
             x = x + self["bias"]
         return x
@@ -219,7 +214,7 @@ class QuantizedShardedToAllLinear(_ShardedMixin, nn.QuantizedShardedToAllLinear)
     _sharding = "sharded-to-all"
 
     def __call__(self, x: mx.array) -> mx.array:
-        x = _matmul(self, x)
+        x = matmul(self, x)
         x = mx.distributed.all_sum(x, group=self.group)
         if "bias" in self:
             x = x + self["bias"]

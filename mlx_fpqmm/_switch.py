@@ -9,12 +9,10 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx_lm.models import switch_layers
 
 from ._ext import gather_qmm
-from ._ext import quantize as _quantize
-from .nn import _resolve_mode, _wrap
+from ._layers import quantize_weight, setup, wrap
 
 __all__ = ["QuantizedSwitchLinear"]
 
@@ -68,28 +66,14 @@ class QuantizedSwitchLinear(switch_layers.QuantizedSwitchLinear):
         mode: str,
         global_scale: bool,
     ) -> None:
-        nn.Module.__init__(self)
-        self.group_size, self.bits = _resolve_mode(mode, group_size, bits)
-        self.mode = mode
+        setup(self, mode, group_size, bits)
         self._quantize(weight, global_scale)
         self.freeze()
 
     def _quantize(self, weight: mx.array, global_scale: bool = False) -> None:
-        self.biases = None
+        # mlx-lm's layer: a tensor scale per expert, and a global_scale attribute either way.
         self.global_scale = None
-        if not global_scale:
-            self.weight, self.scales = _quantize(weight, self.group_size, mode=self.mode)
-            return
-        if self.mode != "nvfp4":
-            raise ValueError(f"A global scale needs mode 'nvfp4' but mode is '{self.mode}'.")
-        scales = mx.max(mx.abs(weight), axis=(-2, -1)).astype(mx.float32)
-        experts = [
-            _quantize(weight[e], self.group_size, mode=self.mode, global_scale=scales[e])
-            for e in range(weight.shape[0])
-        ]
-        self.weight = mx.stack([w for w, _ in experts])
-        self.scales = mx.stack([s for _, s in experts])
-        self.global_scale = scales
+        quantize_weight(self, weight, global_scale, per_matrix=True)
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
         x = gather_qmm(
@@ -126,7 +110,7 @@ class QuantizedSwitchLinear(switch_layers.QuantizedSwitchLinear):
     @classmethod
     def from_quantized(cls, layer: switch_layers.QuantizedSwitchLinear) -> QuantizedSwitchLinear:
         """The same layer on mlx_fpqmm's op, sharing ``layer``'s arrays."""
-        quantized = _wrap(cls, layer)
+        quantized = wrap(cls, layer)
         if "global_scale" not in quantized:
             quantized.global_scale = None
         return quantized
