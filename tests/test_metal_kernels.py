@@ -22,7 +22,11 @@ from mlx_fpqmm.testing import (
     KERNEL_ROOT,
     LIBRARIES,
     METAL_KERNELS,
-    kernel_sources, library, metal_qmm, run_metal
+    kernel_sources,
+    library,
+    metal_qmm,
+    run_metal,
+)
 
 TYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 # Group size 16 in both, so K % 32 == 16 is allowed.
