@@ -41,32 +41,60 @@ __all__ = [
     "sharding",
 ]
 
-# mlx-lm's switch layers, where mlx-lm is imported (a model holding them implies it is).
+# mlx-lm's modules of layers that have a twin here; ours import mlx-lm, so they are loaded
+# only where mlx-lm's module is (a model holding its layers implies it is).
 _SWITCH_LAYERS = "mlx_lm.models.switch_layers"
+_MLA = "mlx_lm.models.mla"
 
 
 def __getattr__(name: str):
-    # QuantizedSwitchLinear subclasses mlx-lm's layer: importing it imports mlx-lm (so it
-    # is not in __all__, where a star import would need mlx-lm).
+    # These subclass mlx-lm's layers: importing them imports mlx-lm (so they are not in
+    # __all__, where a star import would need mlx-lm).
     if name == "QuantizedSwitchLinear":
         from ._switch import QuantizedSwitchLinear
 
         return QuantizedSwitchLinear
+    if name == "QuantizedMultiLinear":
+        from ._multi import QuantizedMultiLinear
+
+        return QuantizedMultiLinear
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _switch_layer_classes() -> tuple[type, type] | None:
-    """mlx-lm's ``(SwitchLinear, QuantizedSwitchLinear)`` if mlx-lm is loaded."""
-    module = sys.modules.get(_SWITCH_LAYERS)
-    if module is None:
-        return None
-    return module.SwitchLinear, module.QuantizedSwitchLinear
+def _layer_tables() -> tuple[dict[Callable, Callable], dict[type, type]]:
+    """The layers that have a twin here, as :func:`quantize` and :func:`convert` look them up.
 
+    Returns:
+        ``to_quantized`` of a float layer -> the constructor of ours from it; and a
+        quantized layer of MLX or mlx-lm -> ours. mlx-lm's are in where their module is
+        loaded.
+    """
+    from_float = {
+        nn.Linear.to_quantized: QuantizedLinear.from_linear,
+        nn.Embedding.to_quantized: QuantizedEmbedding.from_embedding,
+    }
+    ours = {
+        nn.QuantizedLinear: QuantizedLinear,
+        nn.QuantizedEmbedding: QuantizedEmbedding,
+        **_MLX_SHARDED,
+    }
+    if _SWITCH_LAYERS in sys.modules:
+        from mlx_lm.models import switch_layers
 
-_FROM_FLOAT = {
-    nn.Linear.to_quantized: QuantizedLinear.from_linear,
-    nn.Embedding.to_quantized: QuantizedEmbedding.from_embedding,
-}
+        from ._switch import QuantizedSwitchLinear
+
+        from_float[switch_layers.SwitchLinear.to_quantized] = (
+            QuantizedSwitchLinear.from_switch_linear
+        )
+        ours[switch_layers.QuantizedSwitchLinear] = QuantizedSwitchLinear
+    if _MLA in sys.modules:
+        from mlx_lm.models import mla
+
+        from ._multi import QuantizedMultiLinear
+
+        from_float[mla.MultiLinear.to_quantized] = QuantizedMultiLinear.from_multi_linear
+        ours[mla.QuantizedMultiLinear] = QuantizedMultiLinear
+    return from_float, ours
 
 
 def quantize(
@@ -87,9 +115,11 @@ def quantize(
     (``group_size``, ``bits``, ``mode``, ``global_scale``; as in MLX, a dict without
     ``mode`` means ``"affine"``).
 
-    :obj:`mlx.nn.Linear` and :obj:`mlx.nn.Embedding` layers and mlx-lm's ``SwitchLinear``
-    experts (and subclasses that keep their ``to_quantized``) in an fp mode become
-    :class:`QuantizedLinear`, :class:`QuantizedEmbedding` and :class:`QuantizedSwitchLinear`.
+    :obj:`mlx.nn.Linear` and :obj:`mlx.nn.Embedding` layers, mlx-lm's ``SwitchLinear``
+    experts and ``MultiLinear`` attention heads (and subclasses that keep their
+    ``to_quantized``) in an fp mode become :class:`QuantizedLinear`,
+    :class:`QuantizedEmbedding`, :class:`QuantizedSwitchLinear` and
+    :class:`QuantizedMultiLinear`.
     Everything else (``affine``, quantized activations, other layer types) is left to the
     module's own ``to_quantized``.
 
@@ -111,8 +141,7 @@ def quantize(
     if mode != "affine":
         resolve_mode(mode, group_size, None)
     class_predicate = class_predicate or (lambda _, m: hasattr(m, "to_quantized"))
-
-    switch = _switch_layer_classes()
+    from_float_layers, _ = _layer_tables()
 
     def _maybe_quantize(path: str, m: nn.Module) -> nn.Module:
         params = class_predicate(path, m)
@@ -135,17 +164,14 @@ def quantize(
             raise ValueError(f"Unable to quantize model of type {type(m)}")
         layer_mode = params.get("mode", "affine")
         if layer_mode in FORMATS and "quantize_input" not in params:
-            # Only where MLX's own to_quantized would build an nn.QuantizedLinear/Embedding.
-            from_float = _FROM_FLOAT.get(getattr(type(m), "to_quantized", None))
-            if from_float is None and switch and type(m).to_quantized is switch[0].to_quantized:
-                from ._switch import QuantizedSwitchLinear
-
-                from_float = QuantizedSwitchLinear.from_switch_linear
+            # Only where the layer's own to_quantized would build one of the layers we have.
+            from_float = from_float_layers.get(getattr(type(m), "to_quantized", None))
             if from_float is not None:
                 return from_float(m, **params)
             if FORMATS[layer_mode]["scales"] == "float":
                 raise ValueError(
-                    f"Mode '{layer_mode}' is only supported for nn.Linear and nn.Embedding, "
+                    f"Mode '{layer_mode}' is only supported for nn.Linear, nn.Embedding and "
+                    "mlx-lm's SwitchLinear and MultiLinear, "
                     f"but {path or 'the model'} is a {type(m).__name__} with its own "
                     "to_quantized."
                 )
@@ -183,17 +209,17 @@ class ConversionReport:
 def convert(model: nn.Module) -> ConversionReport:
     """Swap the fp-mode quantized layers of an already quantized model for mlx_fpqmm's.
 
-    Every :obj:`mlx.nn.QuantizedLinear`, :obj:`mlx.nn.QuantizedEmbedding` and mlx-lm
-    ``QuantizedSwitchLinear`` (the experts of mixture-of-experts models; exactly those
-    classes, not subclasses) in mode ``mxfp4``, ``nvfp4`` or ``mxfp8`` becomes a
-    :class:`QuantizedLinear`, :class:`QuantizedEmbedding` or :class:`QuantizedSwitchLinear`
-    that shares its arrays (nothing is copied) and keeps its frozen parameters and training
-    mode. MLX's tensor-parallel ``nn.QuantizedAllToShardedLinear`` and
-    ``nn.QuantizedShardedToAllLinear`` in those modes become
-    :class:`QuantizedAllToShardedLinear` and :class:`QuantizedShardedToAllLinear` (same
-    group). ``affine`` layers and other quantized layers (e.g. ``nn.QQLinear``) are left
-    alone. The
-    model is updated in place; the outputs stay the same up to float rounding.
+    Every :obj:`mlx.nn.QuantizedLinear`, :obj:`mlx.nn.QuantizedEmbedding`, mlx-lm
+    ``QuantizedSwitchLinear`` (the experts of mixture-of-experts models) and mlx-lm
+    ``QuantizedMultiLinear`` (the per-head matrices of DeepSeek-V3's attention) in mode
+    ``mxfp4``, ``nvfp4`` or ``mxfp8`` (exactly those classes, not subclasses) becomes a
+    :class:`QuantizedLinear`, :class:`QuantizedEmbedding`, :class:`QuantizedSwitchLinear`
+    or :class:`QuantizedMultiLinear` that shares its arrays (nothing is copied) and keeps
+    its frozen parameters and training mode. MLX's tensor-parallel
+    ``nn.QuantizedAllToShardedLinear`` and ``nn.QuantizedShardedToAllLinear`` in those modes
+    become :class:`QuantizedAllToShardedLinear` and :class:`QuantizedShardedToAllLinear`
+    (same group). ``affine`` layers and other quantized layers (e.g. ``nn.QQLinear``) are left
+    alone. The model is updated in place; the outputs stay the same up to float rounding.
 
     Args:
         model (mlx.nn.Module): A model, e.g. one returned by ``mlx_lm.load``.
@@ -210,13 +236,7 @@ def convert(model: nn.Module) -> ConversionReport:
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert expects an mlx.nn.Module but received {type(model).__name__}.")
     report = ConversionReport()
-    ours = {nn.QuantizedLinear: QuantizedLinear, nn.QuantizedEmbedding: QuantizedEmbedding}
-    switch = _switch_layer_classes()
-    if switch:
-        from ._switch import QuantizedSwitchLinear
-
-        ours[switch[1]] = QuantizedSwitchLinear
-    ours.update(_MLX_SHARDED)
+    _, ours = _layer_tables()
 
     def _maybe_convert(path: str, m: nn.Module) -> nn.Module:
         cls = ours.get(type(m))

@@ -10,13 +10,14 @@ import mlx.optimizers as optim
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
-from mlx_lm.models import deepseek_v3, gpt_oss, phixtral, qwen3_moe
+from mlx_lm.models import deepseek_v3, gpt_oss, mla, phixtral, qwen3_moe
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear as MlxLmSwitch
 from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import load_model, save_config, save_model
+from reference import ALL_MODES, MLX_MODES, TOLERANCE, qmm_reference, relative_error
 
 import mlx_fpqmm
-from mlx_fpqmm.nn import QuantizedSwitchLinear, convert
+from mlx_fpqmm.nn import QuantizedMultiLinear, QuantizedSwitchLinear, convert
 
 CONFIGS = {
     # Biased experts, affine routers (as mlx-lm quantizes gpt-oss).
@@ -190,20 +191,68 @@ def test_convert_matches_mlx(arch, mode):
     model = mlx_quantized(arch, mode)
     references = [model(tokens) for tokens in (SHORT, LONG)]
     tokens = greedy(model)
+    before = dict(tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
     report = convert(model)
-    switch = [p for p, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)
-              if isinstance(m, MlxLmSwitch)]  # fmt: skip
-    assert switch and all(report.converted[p] == mode for p in switch)
-    # Left on MLX: the affine routers and DeepSeek's attention MultiLinear.
-    assert set(report.skipped.values()) <= {"affine mode", "QuantizedMultiLinear not handled"}
-    for p in switch:
-        layer = model.leaf_modules()
-        for key in p.split("."):
-            layer = layer[int(key)] if key.isdigit() else layer[key]
-        assert type(layer) is QuantizedSwitchLinear
+    after = dict(tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
+    switch = [p for p, m in before.items() if isinstance(m, MlxLmSwitch)]
+    multi = [p for p, m in before.items() if isinstance(m, mla.QuantizedMultiLinear)]
+    assert switch and all(report.converted[p] == mode for p in switch + multi)
+    assert bool(multi) == (arch == "deepseek_v3")  # its attention's embed_q / unembed_out
+    # Left on MLX: only the affine routers.
+    assert set(report.skipped.values()) <= {"affine mode"}
+    assert all(type(after[p]) is QuantizedSwitchLinear for p in switch)
+    assert all(type(after[p]) is QuantizedMultiLinear for p in multi)
     for tokens_in, reference in zip((SHORT, LONG), references, strict=True):
         assert logits_error(model(tokens_in), reference) < 1e-5
     assert greedy(model) == tokens
+
+
+def multi_linear_calls(dtype: mx.Dtype) -> list[tuple[mx.array, bool]]:
+    """``(x, transpose)`` as DeepSeek-V3's attention calls ``embed_q``: a query per head
+    (x @ W[h].T), and the latent that the heads share (a head axis of 1: x @ W[h])."""
+    query = mx.random.normal((2, 4, 1, 64)).astype(dtype)
+    latent = mx.random.normal((2, 1, 7, 32)).astype(dtype)
+    return [(query, True), (latent, False)]
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=str)
+@pytest.mark.parametrize("mode", MLX_MODES)
+def test_multi_linear_matches_mlx_lm(mode, dtype):
+    mx.random.seed(0)
+    fmt = mlx_fpqmm.FORMATS[mode]
+    theirs = mla.MultiLinear(64, 32, 4).to_quantized(fmt["default_group_size"], fmt["bits"], mode)
+    ours = QuantizedMultiLinear.from_quantized(theirs)
+    assert ours["weight"] is theirs["weight"] and ours["scales"] is theirs["scales"]
+    assert isinstance(ours, mla.QuantizedMultiLinear) and not ours.trainable_parameters()
+    for x, transpose in multi_linear_calls(dtype):
+        y, expected = ours(x, transpose=transpose), theirs(x, transpose=transpose)
+        assert y.dtype == expected.dtype and y.shape == expected.shape
+        ref = qmm_reference(x, ours.weight, ours.scales, mode, transpose=transpose)
+        assert relative_error(y, ref) < TOLERANCE[dtype]
+        # Each within TOLERANCE of the exact product, so within twice that of each other.
+        assert logits_error(y, expected) < 2 * TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_multi_linear_quantized_by_mlx_fpqmm(mode):
+    mx.random.seed(1)
+    heads = nn.Sequential(mla.MultiLinear(64, 32, 4))
+    mlx_fpqmm.nn.quantize(heads, mode=mode)
+    layer = heads.layers[0]
+    assert type(layer) is QuantizedMultiLinear and layer.mode == mode
+    assert layer.weight.shape == (4, 32, 64 * mlx_fpqmm.FORMATS[mode]["bits"] // 32)
+    for x, transpose in multi_linear_calls(mx.float32):
+        ref = qmm_reference(x, layer.weight, layer.scales, mode, transpose=transpose)
+        assert relative_error(layer(x, transpose=transpose), ref) < TOLERANCE[mx.float32]
+    fresh = QuantizedMultiLinear(64, 32, 4, mode=mode)
+    assert fresh.weight.shape == layer.weight.shape and fresh.scales.shape == layer.scales.shape
+
+
+def test_multi_linear_has_no_global_scale():
+    with pytest.raises(ValueError, match="QuantizedMultiLinear has no global_scale"):
+        mlx_fpqmm.nn.quantize(
+            nn.Sequential(mla.MultiLinear(64, 32, 4)), mode="nvfp4", global_scale=True
+        )
 
 
 @pytest.mark.parametrize("arch", ["gpt_oss", "deepseek_v3"])

@@ -1,5 +1,6 @@
 """mlx_fpqmm.nn: drop-in layers, model quantization and conversion, on tiny mlx-lm models."""
 
+import inspect
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may download
@@ -10,7 +11,7 @@ import mlx.optimizers as optim
 import pytest
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.generate import generate_step
-from mlx_lm.models import llama, qwen3
+from mlx_lm.models import llama, mla, qwen3
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import dequantize_model, load_model, quantize_model, save_config, save_model
@@ -95,6 +96,46 @@ def test_package_exports():
     assert mlx_fpqmm.nn.QuantizedLinear is QuantizedLinear
     assert mlx_fpqmm.quantize is not quantize  # the array-level op stays at top level
     assert "convert" in mlx_fpqmm.__all__ and "nn" in mlx_fpqmm.__all__
+
+
+def signature_pairs():
+    """(ours, MLX's or mlx-lm's) for every constructor of our layers."""
+    fnn = mlx_fpqmm.nn
+    pairs = [
+        (QuantizedLinear.__init__, nn.QuantizedLinear.__init__),
+        (QuantizedLinear.from_linear, nn.QuantizedLinear.from_linear),
+        (QuantizedEmbedding.__init__, nn.QuantizedEmbedding.__init__),
+        (QuantizedEmbedding.from_embedding, nn.QuantizedEmbedding.from_embedding),
+        (fnn.QuantizedSwitchLinear.__init__, QuantizedSwitchLinear.__init__),
+        (fnn.QuantizedSwitchLinear.from_switch_linear, SwitchLinear.to_quantized),
+        (fnn.QuantizedMultiLinear.__init__, mla.QuantizedMultiLinear.__init__),
+        (fnn.QuantizedMultiLinear.from_multi_linear, mla.MultiLinear.to_quantized),
+    ]
+    for name in ("QuantizedAllToShardedLinear", "QuantizedShardedToAllLinear"):
+        ours, theirs = getattr(fnn, name), getattr(nn, name)
+        pairs += [
+            (ours.__init__, theirs.__init__),
+            (ours.from_quantized_linear, theirs.from_quantized_linear),
+        ]
+    return pairs
+
+
+@pytest.mark.parametrize("ours, theirs", signature_pairs(), ids=lambda f: f.__qualname__)
+def test_signatures_follow_the_parent_layers(ours, theirs):
+    """Every call of MLX's (or mlx-lm's) layer works on ours: the same positional
+    parameters in the same order, the same keyword-only ones; ours' extras (such as
+    ``global_scale`` where the parent has none) are keyword-only. The first parameter
+    (self, cls's argument, the float layer) is left out."""
+    mine = list(inspect.signature(ours).parameters.values())[1:]
+    parent = list(inspect.signature(theirs).parameters.values())[1:]
+    positional = [p for p in parent if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert [(p.name, p.kind) for p in mine[: len(positional)]] == [
+        (p.name, p.kind) for p in positional
+    ]
+    keyword_only = {p.name for p in mine if p.kind is p.KEYWORD_ONLY}
+    assert {p.name for p in parent if p.kind is p.KEYWORD_ONLY} <= keyword_only
+    extras = [p.name for p in mine if p.name not in {q.name for q in parent}]
+    assert set(extras) <= keyword_only, extras
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
