@@ -7,11 +7,14 @@ same run: the memory read bandwidth (a streaming read on every core) and the
 NumPy sgemm rate. Slow MLX baselines are measured where they fit a time budget
 and extrapolated linearly in M beyond it (marked ``~``).
 
-``--vs-ggml`` adds ggml's CPU backend (the engine of llama.cpp, from the
-``ggml-python`` package of the ``bench`` extra) for the modes ggml has
-(mxfp4, nvfp4), with the same threads: its plain kernels and its repacked
-weights (the CPU_REPACK buffer type llama.cpp loads weights into). ggml
-rounds the activations to 8 bits, so its columns are inexact in x.
+``--vs-ggml`` adds ggml's CPU backend (the engine of llama.cpp) for the modes
+ggml has (mxfp4, nvfp4), with the same threads: its plain kernels and its
+repacked weights (the CPU_REPACK buffer type llama.cpp loads weights into).
+ggml rounds the activations to 8 bits, so its columns are inexact in x. The
+glue to ggml is one of mlx_fpqmm's development tools, not part of the
+library: it needs ``pip install -e 'tools/fpqmm_dev[ggml]'`` from the source
+checkout (``fpqmm_dev.ggml_glue``, with ggml-python); without it the ggml
+columns are left out, saying why.
 
 ``--tails`` times M = 1 products over a set of K (the K-tail table): time per
 weight byte and its ratio to the best K of the set.
@@ -34,12 +37,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from types import ModuleType
 
 import mlx.core as mx
 import numpy as np
 
 import mlx_fpqmm
-from mlx_fpqmm import _ggml
 
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
 ROWS = (1, 2, 4, 8, 16, 32, 128, 512)
@@ -219,20 +222,32 @@ def after_idle(run: Callable[[int], object], call: int, pause: float) -> Timing:
     return Timing(elapsed, elapsed)
 
 
+GGML_GLUE_HINT = "pip install -e 'tools/fpqmm_dev[ggml]' from mlx_fpqmm's source checkout"
+
+
+def ggml_glue() -> ModuleType:
+    """The glue to ggml (``fpqmm_dev.ggml_glue``, mlx_fpqmm's development tools), imported
+    for ``--vs-ggml`` only; ImportError where those tools are not installed."""
+    from fpqmm_dev import ggml_glue
+
+    return ggml_glue
+
+
 def bench_ggml(M: int, weights: Weights, args: argparse.Namespace) -> GgmlTimes:
     """ggml's plain and repacked products on the same float matrix, quantized by
     ggml's own quantizer, with as many weight copies as ours cycles through."""
+    glue = ggml_glue()
     times = GgmlTimes(None, None)
     try:
-        quantized = _ggml.quantize(weights.float32, weights.mode)
-    except _ggml.GgmlUnavailable as error:
+        quantized = glue.quantize(weights.float32, weights.mode)
+    except glue.GgmlUnavailable as error:
         times.notes.append(str(error))
         return times
     copies = copies_to_cycle(M, quantized.nbytes, args)
     x = np.random.default_rng(0).standard_normal((M, weights.float32.shape[1]), np.float32)
     for repack in (False, True):
         try:
-            matmul = _ggml.GgmlMatmul(
+            matmul = glue.GgmlMatmul(
                 weights.float32,
                 weights.mode,
                 rows=M,
@@ -241,7 +256,7 @@ def bench_ggml(M: int, weights: Weights, args: argparse.Namespace) -> GgmlTimes:
                 copies=copies,
                 quantized=quantized,
             )
-        except _ggml.GgmlUnavailable as error:
+        except glue.GgmlUnavailable as error:
             times.notes.append(str(error))
             continue
         with matmul:
@@ -288,7 +303,7 @@ def bench_row(
 
     # ggml takes float32 x whatever our dtype: one measurement serves both.
     ggml_times = None
-    if ggml_cache is not None and mode in _ggml.GGML_TYPES:
+    if ggml_cache is not None and mode in ggml_glue().GGML_TYPES:
         if (M, N, K, mode) not in ggml_cache:
             ggml_cache[M, N, K, mode] = bench_ggml(M, weights, args)
         ggml_times = ggml_cache[M, N, K, mode]
@@ -636,7 +651,7 @@ def tail_rows(
     for (weights, x), timing in zip(products, timings, strict=True):
         K = x.shape[1]
         row = TailRow(K, mode, dtype, weights.weight_bytes, timing)
-        if ggml_cache is not None and mode in _ggml.GGML_TYPES:
+        if ggml_cache is not None and mode in ggml_glue().GGML_TYPES:
             if (1, N, K, mode) not in ggml_cache:
                 ggml_cache[1, N, K, mode] = bench_ggml(1, weights, args)
             row.ggml = ggml_cache[1, N, K, mode]
@@ -775,15 +790,24 @@ def ggml_setup(args: argparse.Namespace, out) -> dict[tuple, GgmlTimes] | None:
     if not args.vs_ggml:
         return None
     try:
-        ggml = _ggml.load()
-    except _ggml.GgmlUnavailable as error:
+        glue = ggml_glue()
+    except ImportError as error:
+        print(
+            f"ggml rows skipped: --vs-ggml needs mlx_fpqmm's development tools ({error}); "
+            f"{GGML_GLUE_HINT}",
+            file=out,
+        )
+        return None
+    try:
+        ggml = glue.load()
+    except glue.GgmlUnavailable as error:
         print(f"ggml rows skipped: {error}", file=out)
         return None
-    extra = ", ".join(_ggml.extra_buffer_types(ggml)) or "none"
+    extra = ", ".join(glue.extra_buffer_types(ggml)) or "none"
     print(
         f"ggml: ggml-python {ggml.__version__} (native build of its vendored ggml), "
         f"{threads_used()} threads, CPU extra buffer types: {extra}; modes "
-        f"{', '.join(m for m in args.modes if m in _ggml.GGML_TYPES) or 'none of those asked'}",
+        f"{', '.join(m for m in args.modes if m in glue.GGML_TYPES) or 'none of those asked'}",
         file=out,
     )
     return {}

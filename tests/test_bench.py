@@ -1,12 +1,14 @@
 """The CPU benchmark's options, rows, tables and targets, on tiny shapes (fast)."""
 
 import json
+import sys
 from dataclasses import asdict
 
 import numpy as np
 import pytest
+from fpqmm_dev import ggml_glue
 
-from mlx_fpqmm import _ggml, bench
+from mlx_fpqmm import bench
 
 TINY = ["--reps", "1", "--mlx-budget", "0", "--idle", "0.01", "--cycle-bytes", "65536"]
 TINY += ["--min-time", "0.01"]
@@ -112,18 +114,27 @@ def test_tails_table(capsys):
 
 def test_ggml_missing_is_skipped_with_the_reason(monkeypatch, capsys):
     def missing():
-        raise _ggml.GgmlUnavailable("ggml-python is not importable (test)")
+        raise ggml_glue.GgmlUnavailable("ggml-python is not importable (test)")
 
-    monkeypatch.setattr(_ggml, "load", missing)
+    monkeypatch.setattr(ggml_glue, "load", missing)
     assert bench.ggml_setup(bench.parse_args(["--vs-ggml"]), None) is None
     assert capsys.readouterr().out == "ggml rows skipped: ggml-python is not importable (test)\n"
     assert bench.ggml_setup(bench.parse_args([]), None) is None
 
 
+def test_ggml_glue_missing_is_skipped_with_the_reason(monkeypatch, capsys):
+    """Without the development tools (an installed wheel), --vs-ggml says what to install."""
+    monkeypatch.setitem(sys.modules, "fpqmm_dev", None)  # imports of it now fail
+    assert bench.ggml_setup(bench.parse_args(["--vs-ggml"]), None) is None
+    out = capsys.readouterr().out
+    assert out.startswith("ggml rows skipped: --vs-ggml needs mlx_fpqmm's development tools")
+    assert "pip install -e 'tools/fpqmm_dev[ggml]'" in out
+
+
 def test_ggml_columns_when_installed():
     try:
-        _ggml.load()
-    except _ggml.GgmlUnavailable as error:
+        ggml_glue.load()
+    except ggml_glue.GgmlUnavailable as error:
         pytest.skip(str(error))
     args = bench.parse_args([*TINY, "--modes", "mxfp4,nvfp4"])
     weights = bench.make_weights(1, 32, 128, "mxfp4", args)

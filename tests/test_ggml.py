@@ -3,13 +3,12 @@
 ggml quantizes the activations to q8_0 (int8 with a float16 scale per 32), so
 its result is compared with a float64 product of ggml's own dequantized
 weights, within the error that rounding x to q8_0 can cause in each output.
-Runs only where ggml-python is installed (the ``bench`` extra).
+Runs only where ggml-python is installed (the ``ggml`` extra of tools/fpqmm_dev).
 """
 
 import numpy as np
 import pytest
-
-from mlx_fpqmm import _ggml
+from fpqmm_dev import ggml_glue as _ggml
 
 try:
     _ggml.load()

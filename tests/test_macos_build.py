@@ -25,8 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-from mlx_fpqmm import mlx_metal
+from fpqmm_dev import mlx_metal
 
 ROOT = Path(__file__).resolve().parent.parent
 STUBS = Path(__file__).resolve().parent / "macos_stubs"
@@ -74,7 +73,8 @@ def pinned_mlx_version() -> str:
 
 def mlx_metal_wheel() -> Path:
     """MLX's macOS headers: the mlx-metal wheel of the pinned version, unpacked
-    (mlx_fpqmm.mlx_metal fetches it; skipped when PyPI is unreachable)."""
+    (``python -m fpqmm_dev.mlx_metal fetch`` fetches it, as tools/setup does; skipped
+    when it was not fetched)."""
     try:
         return mlx_metal.mlx_metal_wheel(pinned_mlx_version())
     except mlx_metal.MlxMetalUnavailable as e:

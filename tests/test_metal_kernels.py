@@ -7,6 +7,7 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
+from fpqmm_dev import bench_metal, mlx_metal
 from reference import (
     BITS,
     TOLERANCE,
@@ -17,7 +18,6 @@ from reference import (
 from test_cpu_kernels import NONFINITE_CASES, assert_same_values, nonfinite_case, nonfinite_x
 
 import mlx_fpqmm
-from mlx_fpqmm import bench_metal, mlx_metal
 from mlx_fpqmm.testing import (
     KERNEL_ROOT,
     LIBRARIES,
@@ -422,7 +422,7 @@ def test_split_k_global_scale():
 
 
 def test_traffic_report():
-    from mlx_fpqmm.bench_metal import measure, report
+    from fpqmm_dev.bench_metal import measure, report
 
     cases = [
         ("mxfp4", True, "qmv", 2, 64, 256),

@@ -1,5 +1,5 @@
 """MLX's own fp-quantized Metal kernels (the mlx-metal wheel's headers) in the
-simulator, planned and dispatched as MLX's host code does (mlx_fpqmm.mlx_metal),
+simulator, planned and dispatched as MLX's host code does (fpqmm_dev.mlx_metal),
 against the NumPy reference. Keeps the simulator able to run them.
 
 Every kernel family MLX's quantized_matmul picks (qmv_quad, qmv_fast, qmv,
@@ -14,11 +14,10 @@ import json
 
 import mlx.core as mx
 import pytest
+from fpqmm_dev import bench_metal, mlx_metal
+from fpqmm_dev.mlx_metal import Device, mlx_plan, qmv_batch_limit, run_mlx
 from metal_sim import KernelError
 from reference import qmm_reference, relative_error
-
-from mlx_fpqmm import bench_metal, mlx_metal
-from mlx_fpqmm.mlx_metal import Device, mlx_plan, qmv_batch_limit, run_mlx
 
 G16 = Device("applegpu_g16s")
 G17 = Device("applegpu_g17s")
@@ -117,7 +116,7 @@ def test_plan_follows_mlx_choice():
 
 
 def test_vs_mlx_report_on_a_tiny_problem(tmp_path, capsys):
-    """python -m mlx_fpqmm.bench_metal --vs-mlx: one prefill problem on a
+    """python -m fpqmm_dev.bench_metal --vs-mlx: one prefill problem on a
     generation-17 GPU gives MLX's pick (split-K), ours and MLX's NAX kernel,
     each matching the reference, with every measure per output element."""
     rows_file = tmp_path / "rows.json"

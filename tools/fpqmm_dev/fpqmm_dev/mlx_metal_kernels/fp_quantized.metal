@@ -1,6 +1,6 @@
 // One of MLX's fp-quantized kernels (fp_quantized.h of the mlx-metal wheel),
 // instantiated as MLX's fp_quantized.metal does. The build defines the host
-// name, the kernel template and its arguments (mlx_fpqmm.mlx_metal plans them).
+// name, the kernel template and its arguments (fpqmm_dev.mlx_metal plans them).
 // clang-format off
 #include "mlx/backend/metal/kernels/utils.h"
 #include "mlx/backend/metal/kernels/steel/gemm/gemm.h"

@@ -1,8 +1,10 @@
 """ggml's CPU backend (the engine of llama.cpp) as a baseline for the benchmark.
 
-ggml comes from the ``ggml-python`` package (``pip install 'mlx-fpqmm[bench]'``),
-which builds ggml's vendored sources natively (``-march=native``, OpenMP, the
-CPU repack buffer type compiled in) and binds its C API with ctypes.
+``python -m mlx_fpqmm.bench --vs-ggml`` imports this module. ggml comes from the
+``ggml-python`` package (the ``ggml`` extra of these development tools:
+``pip install -e 'tools/fpqmm_dev[ggml]'``), which builds ggml's vendored
+sources natively (``-march=native``, OpenMP, the CPU repack buffer type compiled
+in) and binds its C API with ctypes.
 
 Two ways of running ``ggml_mul_mat`` are offered:
 
@@ -26,7 +28,7 @@ from types import ModuleType
 
 import numpy as np
 
-INSTALL_HINT = "pip install 'mlx-fpqmm[bench]' (builds ggml-python from source)"
+INSTALL_HINT = "pip install -e 'tools/fpqmm_dev[ggml]' (builds ggml-python from source)"
 GGML_TYPES = {"mxfp4": "GGML_TYPE_MXFP4", "nvfp4": "GGML_TYPE_NVFP4"}
 """Our modes that ggml has, with the name of ggml's type for each."""
 ACTIVATION_BLOCK = 32  # q8_0: one float16 scale per 32 activations

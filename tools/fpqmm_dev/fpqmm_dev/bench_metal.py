@@ -1,6 +1,6 @@
 """Device-memory traffic of the Metal kernels, from the simulator's counters.
 
-``python -m mlx_fpqmm.bench_metal`` (needs the Metal simulator, ``metal_sim``)
+``python -m fpqmm_dev.bench_metal`` (needs the Metal simulator, ``metal_sim``)
 runs each kernel family at a few shapes and prints, per buffer, the bytes read
 and written beside the compulsory bytes (each of w, scales, x and y moved
 once), and the multiply-accumulates the matrix units issue per output element
@@ -13,8 +13,8 @@ kernel reads W ceil(M / BM) times and x ceil(N / 32) times, a NAX kernel
 twice inside a tile. Where the plan splits K (few tiles for the GPU's cores),
 the float32 partial sums are written once and read back once (``partials``).
 
-``python -m mlx_fpqmm.bench_metal --vs-mlx`` runs MLX's own fp-quantized kernels
-(mlx_fpqmm.mlx_metal: its headers from the mlx-metal wheel, its host code's
+``python -m fpqmm_dev.bench_metal --vs-mlx`` runs MLX's own fp-quantized kernels
+(fpqmm_dev.mlx_metal: its headers from the mlx-metal wheel, its host code's
 choice of kernel) and mlx_fpqmm's on the same problems, each planned as its
 library plans it for the device (default a generation-17 GPU on macOS 26.2,
 where both have NAX kernels), and prints the simulator's counters per output
@@ -33,9 +33,10 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from mlx_fpqmm import quantize
+from mlx_fpqmm.testing import run_metal
 
-from . import mlx_metal, quantize
-from .testing import run_metal
+from . import mlx_metal
 
 # (mode, transpose, kernel, M, N, K)
 CASES = [

@@ -1,10 +1,11 @@
 """MLX's own fp-quantized Metal kernels, planned as MLX plans them, in the simulator.
 
 MLX's Linux wheels carry no Metal kernels; its macOS headers come from the
-``mlx-metal`` macOS wheel of the MLX version mlx_fpqmm is built against
-(downloaded once from PyPI with pip and cached under ``~/.cache/mlx_fpqmm``, or
-``$MLX_FPQMM_CACHE_DIR``). :func:`mlx_metal_wheel` fetches it (the macOS build
-check type-checks against the same headers); :func:`mlx_plan` is MLX's choice of
+``mlx-metal`` macOS wheel of the MLX version mlx_fpqmm is built against, which
+``python -m fpqmm_dev.mlx_metal fetch`` downloads once with pip (``tools/setup``
+runs it) into ``~/.cache/mlx_fpqmm`` (or ``$MLX_FPQMM_CACHE_DIR``); nothing else
+here downloads anything. :func:`mlx_metal_wheel` finds those headers (the macOS
+build check type-checks against them too); :func:`mlx_plan` is MLX's choice of
 kernel, grid and buffers for a ``quantized_matmul`` (its host code, mirrored);
 :func:`run_mlx` runs that plan in the Metal simulator (``metal_sim``) on the
 kernels instantiated by the short ``mlx_metal_kernels/*.metal`` files, so MLX's
@@ -13,6 +14,7 @@ kernels and mlx_fpqmm's can be compared on the same problem.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import math
 import os
@@ -26,14 +28,14 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-
-from . import FORMATS
-from ._build_info import MLX_VERSION
-from ._lm import MLX_MODES
-from .testing import check_simulator
+from mlx_fpqmm import FORMATS
+from mlx_fpqmm._formats import MLX_MODES
+from mlx_fpqmm.testing import check_simulator
 
 KERNEL_SOURCES = Path(__file__).resolve().parent / "mlx_metal_kernels"
 CACHE_ENV = "MLX_FPQMM_CACHE_DIR"
+MLX_VERSION = mx.__version__  # the one mlx_fpqmm is built against (its import checks)
+FETCH_COMMAND = "python -m fpqmm_dev.mlx_metal fetch"
 
 # MLX's two spellings of a dtype: get_type_string (kernel names and template
 # arguments) and type_to_name (the steel kernels' names).
@@ -44,7 +46,7 @@ NUMPY_TYPES = {mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.u
 
 
 class MlxMetalUnavailable(RuntimeError):
-    """The mlx-metal wheel could not be downloaded (offline?)."""
+    """The mlx-metal wheel's headers are not here (not fetched, or the download failed)."""
 
 
 def cache_dir() -> Path:
@@ -52,17 +54,40 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "mlx_fpqmm")
 
 
+def _unpacked(version: str) -> Path:
+    return cache_dir() / f"mlx-metal-{version}"
+
+
 @functools.cache
 def mlx_metal_wheel(version: str = MLX_VERSION) -> Path:
     """MLX's macOS headers: the ``mlx-metal`` wheel of ``version``, unpacked
-    (``mlx/include`` and ``mlx/share``), downloaded once and cached.
+    (``mlx/include`` and ``mlx/share``) by :func:`fetch_mlx_metal_wheel`.
 
     Raises:
-        MlxMetalUnavailable: pip could not download the wheel.
+        MlxMetalUnavailable: they were not fetched (the message says how to).
     """
-    target = cache_dir() / f"mlx-metal-{version}"
-    if (target / "mlx" / "include" / "mlx" / "backend" / "metal" / "device.h").exists():
-        return target
+    target = _unpacked(version)
+    if not (target / "mlx" / "include" / "mlx" / "backend" / "metal" / "device.h").exists():
+        raise MlxMetalUnavailable(
+            f"the headers of mlx-metal=={version} are not in {target}: fetch them once with "
+            f"`{FETCH_COMMAND}{'' if version == MLX_VERSION else f' --version {version}'}` "
+            "(tools/setup does)"
+        )
+    return target
+
+
+def fetch_mlx_metal_wheel(version: str = MLX_VERSION) -> Path:
+    """Download the ``mlx-metal`` macOS wheel of ``version`` from PyPI (pip) and unpack
+    its headers where :func:`mlx_metal_wheel` finds them; nothing when they are there.
+
+    Raises:
+        MlxMetalUnavailable: pip could not download the wheel (offline?).
+    """
+    target = _unpacked(version)
+    try:
+        return mlx_metal_wheel(version)
+    except MlxMetalUnavailable:
+        pass
     download = cache_dir() / "downloads"
     download.mkdir(parents=True, exist_ok=True)
     command = [
@@ -393,3 +418,20 @@ def run_mlx(
     if x.dtype == mx.bfloat16:
         y = np.array(mx.array(y).view(mx.bfloat16).astype(mx.float32))
     return MlxRun(y, plan, counters)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m fpqmm_dev.mlx_metal fetch [--version V]``: fetch MLX's macOS headers."""
+    parser = argparse.ArgumentParser(prog="python -m fpqmm_dev.mlx_metal")
+    commands = parser.add_subparsers(dest="command", required=True)
+    fetch = commands.add_parser("fetch", help="download and unpack the mlx-metal wheel")
+    fetch.add_argument("--version", default=MLX_VERSION, help="default: the installed MLX's")
+    args = parser.parse_args(argv)
+    try:
+        print(fetch_mlx_metal_wheel(args.version))
+    except MlxMetalUnavailable as error:
+        sys.exit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    main()
