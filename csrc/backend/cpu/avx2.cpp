@@ -81,7 +81,7 @@ struct Avx2Vec {
   // A dot step of 32 E4M3 codes (8 words) as four vectors, vector i holding
   // byte i of each word (the default order): each byte shifted straight to
   // the top, without the NaN test, so NaN codes come out finite and the
-  // kernels redo the rows that hold them (SimdKernels::has_nan_codes).
+  // kernels redo the rows that hold them (simd::has_nan_codes).
   static void decode_e4m3_step(const uint8_t* p, F* d) {
     __m256i words = load_words(p);
     for (int i = 0; i < 4; ++i) {
@@ -156,10 +156,8 @@ const IsaKernels* avx2_kernels() {
   using K = SimdKernels<Avx2Vec>;
   static const IsaKernels kernels{
       "avx2",
-      // Zen 3, mxfp4 14336 x 4096, 2 threads: x @ W^T M = 64 48.5 ms panels
-      // vs 54-56 sgemm, M = 128 102 vs 103-120 (back-to-back runs), M = 256 213
-      // vs 209; x @ W M = 2 19.2 vs 29.5, M = 4 30.4 vs 29.4, M = 8 52.4
-      // vs 30.0.
+      // Measured on Zen 3: the panel dots keep up with sgemm up to about 128
+      // rows of x, the axpy kernel up to about 4.
       128,
       4,
       K::arranged_length,

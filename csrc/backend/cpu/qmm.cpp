@@ -37,17 +37,16 @@ constexpr int64_t kArrangeGrain = 16;
 constexpr int64_t kPanelDepth = 2048;
 // The small-M x @ W^T kernels' tasks are longer for large N, as many as
 // kDotTasksPerThread per thread to balance the pool: each task decodes its
-// rows' scales, and the AVX-512 bf16 dots arrange x, afresh (64-row tasks,
-// each arranging x then, cost M = 1, mxfp4 14336 x 4096 about 20% on Zen
-// 3).
+// rows' scales, and the AVX-512 bf16 dots arrange x, afresh, which short
+// tasks would repeat often enough to show in the M = 1 times.
 constexpr int64_t kDotTasksPerThread = 8;
 // From this many rows of bfloat16 x on, the bf16 GEMM kernel beats the bf16
 // dots (measured on Zen 4); float32 x has its threshold per ISA
 // (IsaKernels::sgemm_min_rows_dot / _axpy).
 constexpr int64_t kGemmMinRowsBf16 = 12;
 
-// `count` elements of `storage`, 64-byte aligned (16-byte aligned arranged x
-// cost the M = 1 dots 4-6% on Zen 3, single thread).
+// `count` elements of `storage`, 64-byte aligned: the dots' vector loads of
+// arranged x then never straddle cache lines, which M = 1 feels.
 template <typename T>
 T* aligned_elements(std::vector<std::byte>& storage, int64_t count) {
   return static_cast<T*>(aligned_bytes(storage, count * sizeof(T)));
