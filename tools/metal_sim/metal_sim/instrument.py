@@ -47,7 +47,7 @@ HOOKS = (
     "declare void @__msim_copy(i64, i64, i64)\n"
     "declare void @__msim_count(ptr)\n"
 )
-# Instruction classes, in the order of __msim_count's array (runtime.cpp).
+# Instruction classes, in the order of __msim_count's array (runtime/runtime.h).
 CLASSES = ("float", "integer", "conversion", "memory", "control", "other")
 FLOAT_TYPES = {"half", "bfloat", "float", "double"}
 FLOAT_OPS = {"fadd", "fsub", "fmul", "fdiv", "frem", "fneg", "fcmp"}

@@ -145,36 +145,43 @@ def cached_build(key: str, suffix: str, build: Callable[[Path], None]) -> Path:
     return target
 
 
+# The runtime's files, compiled by g++ (runtime.h lists what each holds).
+RUNTIME_SOURCES = ("io.cpp", "memory.cpp", "fibers.cpp", "signals.cpp", "dispatch.cpp")
+RUNTIME_HEADERS = (RUNTIME_DIR / "runtime.h", SHIM_INCLUDE / "msim" / "runtime_api.h")
+
+
 @cache
 def runtime_objects() -> tuple[Path, ...]:
     """The runtime (g++) and the bfloat conversion helpers (clang), cached."""
-    runtime_src = RUNTIME_DIR / "runtime.cpp"
-    api = SHIM_INCLUDE / "msim" / "runtime_api.h"
-    runtime_key = digest("runtime", runtime_src.read_bytes(), api.read_bytes(), *RUNTIME_FLAGS)
+    headers = [header.read_bytes() for header in RUNTIME_HEADERS]
+
+    def runtime_object(name: str) -> Path:
+        source = RUNTIME_DIR / name
+        key = digest("runtime", name, source.read_bytes(), *headers, *RUNTIME_FLAGS)
+
+        def build(output: Path) -> None:
+            command = [
+                gxx(),
+                *RUNTIME_FLAGS,
+                f"-I{SHIM_INCLUDE}",
+                "-c",
+                str(source),
+                "-o",
+                str(output),
+            ]
+            check(run_compiler(command))
+
+        return cached_build(key, ".o", build)
+
     bfloat_src = RUNTIME_DIR / "bfloat_conversions.cpp"
     bfloat_key = digest("bfloat", bfloat_src.read_bytes(), clang_version())
-
-    def build_runtime(output: Path) -> None:
-        check(
-            run_compiler(
-                [
-                    gxx(),
-                    *RUNTIME_FLAGS,
-                    f"-I{SHIM_INCLUDE}",
-                    "-c",
-                    str(runtime_src),
-                    "-o",
-                    str(output),
-                ]
-            )
-        )
 
     def build_bfloat(output: Path) -> None:
         command = [*clang(), "-O2", "-c", str(bfloat_src), "-o", str(output)]
         check(run_compiler(command, clang_env()))
 
     return (
-        cached_build(runtime_key, ".o", build_runtime),
+        *(runtime_object(name) for name in RUNTIME_SOURCES),
         cached_build(bfloat_key, ".o", build_bfloat),
     )
 

@@ -1,5 +1,5 @@
 // Interface between simulated kernels (compiled by clang against the shim)
-// and the simulator runtime (runtime/runtime.cpp, compiled by g++).
+// and the simulator runtime (runtime/*.cpp, compiled by g++).
 // Plain C++ only: no address-space qualifiers, no shim types.
 #pragma once
 
