@@ -1,0 +1,9 @@
+// The kernels for bfloat16 x and e4m3 codes.
+#include "backend/cuda/kernels/kernel_for.cuh"
+
+namespace fpqmm::cuda {
+
+template const void* kernel_for<__nv_bfloat16, 8>(
+    const mlx_fpqmm::cuda::KernelKey&);
+
+}  // namespace fpqmm::cuda

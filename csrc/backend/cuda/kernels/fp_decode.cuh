@@ -1,0 +1,168 @@
+// Decoding of fp codes and group scales on NVIDIA GPUs: the rules of
+// common/formats.h (MLX 0.32.4) as bit manipulations on pairs of codes,
+// the two halves of a half2 / bfloat162, exact in both.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/scale_encoding.h"
+
+namespace fpqmm::cuda {
+
+// The 16-bit float type the mma steps multiply in: half for half x,
+// bfloat16 for bfloat16 and float32 x (float32 x as bfloat16 pairs, see
+// split_x).
+template <typename T>
+struct MmaType {
+  using type = __nv_bfloat16;
+};
+template <>
+struct MmaType<__half> {
+  using type = __half;
+};
+
+template <typename H>
+struct Pair;
+template <>
+struct Pair<__half> {
+  using type = __half2;
+};
+template <>
+struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+};
+
+template <typename P>
+__device__ __forceinline__ P pair_from_bits(uint32_t bits) {
+  return *reinterpret_cast<const P*>(&bits);
+}
+
+template <typename P>
+__device__ __forceinline__ uint32_t bits_of(P pair) {
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+template <typename P>
+__device__ __forceinline__ P splat(float value) {
+  if constexpr (std::is_same_v<P, __half2>) {
+    return __float2half2_rn(value);
+  } else {
+    return __float2bfloat162_rn(value);
+  }
+}
+
+// Where a code's magnitude bits go in a 16-bit float, and the power of two
+// that then restores its value. E2M1's three magnitude bits become the low
+// exponent bits and the top mantissa bit, E4M3's seven the low exponent
+// bits and the top three mantissa bits; the codes' subnormals land on the
+// float's subnormals, which the multiply makes normal again.
+template <typename H, int bits>
+struct CodeLayout;
+template <>
+struct CodeLayout<__half, 4> {
+  static constexpr int magnitude_bit = 9;
+  static constexpr uint32_t fixup = 0x74007400u;  // 2^14
+};
+template <>
+struct CodeLayout<__nv_bfloat16, 4> {
+  static constexpr int magnitude_bit = 6;
+  static constexpr uint32_t fixup = 0x7E807E80u;  // 2^126
+};
+template <>
+struct CodeLayout<__half, 8> {
+  static constexpr int magnitude_bit = 7;
+  static constexpr uint32_t fixup = 0x5C005C00u;  // 2^8
+};
+template <>
+struct CodeLayout<__nv_bfloat16, 8> {
+  static constexpr int magnitude_bit = 4;
+  static constexpr uint32_t fixup = 0x7B807B80u;  // 2^120
+};
+
+// Codes p and p + 16 / bits of `word` (16 bits apart) as the low and high
+// halves of a pair, exactly. E4M3 magnitude 0x7F is NaN: only its increment
+// carries past the magnitude bits, and that carry, spread over the float's
+// remaining exponent bits, makes the pair's half a NaN.
+template <typename H, int bits>
+__device__ __forceinline__ typename Pair<H>::type decode_pair(
+    uint32_t word,
+    int p) {
+  using P = typename Pair<H>::type;
+  using Layout = CodeLayout<H, bits>;
+  constexpr int shift = Layout::magnitude_bit;
+  constexpr uint32_t lanes = 0x00010001u;
+  constexpr uint32_t magnitude_mask = ((1u << (bits - 1)) - 1) * lanes << shift;
+  const uint32_t code = word >> (bits * p);
+  uint32_t magnitude = (code << shift) & magnitude_mask;
+  const uint32_t sign = (code << (16 - bits)) & 0x80008000u;
+  if constexpr (bits == 8) {
+    constexpr int carry_bit = shift + 7;
+    constexpr int exponent_bits_left = 15 - carry_bit;
+    const uint32_t carry =
+        (magnitude + (lanes << shift)) & (lanes << carry_bit);
+    magnitude |= carry * ((1u << exponent_bits_left) - 1);
+  }
+  return __hmul2(
+      pair_from_bits<P>(sign | magnitude), pair_from_bits<P>(Layout::fixup));
+}
+
+// E8M0: byte b is 2^(b - 127); MLX decodes byte 0 as 2^-127 (a float
+// subnormal) and byte 255 as +inf.
+__device__ __forceinline__ float decode_e8m0(uint32_t byte) {
+  return __uint_as_float(byte == 0 ? 0x00400000u : byte << 23);
+}
+
+// E4M3 (FN): through the E4M3 pair decode, exact.
+__device__ __forceinline__ float decode_e4m3(uint32_t byte) {
+  return __low2float(decode_pair<__half, 8>(byte, 0));
+}
+
+template <int encoding>
+struct ScaleStorage;
+template <>
+struct ScaleStorage<kScaleE8M0> {
+  using type = uint8_t;
+};
+template <>
+struct ScaleStorage<kScaleE4M3> {
+  using type = uint8_t;
+};
+template <>
+struct ScaleStorage<kScaleFloat32> {
+  using type = float;
+};
+template <>
+struct ScaleStorage<kScaleFloat16> {
+  using type = __half;
+};
+template <>
+struct ScaleStorage<kScaleBFloat16> {
+  using type = __nv_bfloat16;
+};
+
+template <int encoding>
+__device__ __forceinline__ float decode_scale(
+    typename ScaleStorage<encoding>::type stored) {
+  if constexpr (encoding == kScaleE8M0) {
+    return decode_e8m0(stored);
+  } else if constexpr (encoding == kScaleE4M3) {
+    return decode_e4m3(stored);
+  } else {
+    return static_cast<float>(stored);
+  }
+}
+
+// nvfp4's global-scale factor for W matrix `matrix`: it multiplies every
+// group scale, in float (it is ~1e-5, too small for a 16-bit float).
+__device__ __forceinline__ float global_factor(
+    const float* global_scale,
+    int64_t matrix) {
+  return global_scale ? global_scale[matrix] / kNvfp4GlobalScaleDivisor
+                      : 1.0f;
+}
+
+}  // namespace fpqmm::cuda

@@ -1,0 +1,127 @@
+// What every kernel shares: the matrices of one product of a batch or a
+// gather pair, and the copies from device memory into shared memory.
+#pragma once
+
+#include <cuda_pipeline_primitives.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cuda/kernels/fp_decode.cuh"
+#include "backend/cuda/kernels/params.h"
+
+namespace fpqmm::cuda {
+
+// The matrices of one product: y (M x N) = x (M x K) times W (N x K with
+// transpose, K x N without). `valid` false: a gather index is out of range
+// and the product's outputs are NaN (nothing else is read).
+template <typename T, int encoding>
+struct Operands {
+  const uint32_t* w;
+  const typename ScaleStorage<encoding>::type* scales;
+  const T* x;
+  float factor;  // nvfp4's global-scale factor (1 without)
+  bool valid;
+};
+
+// The operands of batch element (or gather pair) `batch`. Without gather, x,
+// w and scales move by their strides (broadcast axes have stride 0); with
+// it, whole row-contiguous matrices are picked by the indices.
+template <typename T, int encoding>
+__device__ __forceinline__ Operands<T, encoding> batch_operands(
+    const QmmArgs& args,
+    int64_t batch,
+    int64_t w_matrix_words,
+    int64_t scales_matrix_elements) {
+  using S = typename ScaleStorage<encoding>::type;
+  const auto* x = static_cast<const T*>(args.x);
+  const auto* scales = static_cast<const S*>(args.scales);
+  if (args.lhs_indices) {
+    const uint32_t lhs = args.lhs_indices[batch];
+    const uint32_t rhs = args.rhs_indices[batch];
+    const bool valid = lhs < uint32_t(args.x_matrices) &&
+        rhs < uint32_t(args.w_matrices);
+    const int64_t expert = valid ? rhs : 0;
+    return {
+        args.w + expert * w_matrix_words,
+        scales + expert * scales_matrix_elements,
+        x + (valid ? lhs : 0) * (int64_t(args.M) * args.K),
+        global_factor(args.global_scale, expert),
+        valid};
+  }
+  int64_t x_offset = 0;
+  int64_t w_offset = 0;
+  int64_t scales_offset = 0;
+  int64_t rest = batch;
+  for (int axis = args.batch_ndims - 1; axis >= 0; --axis) {
+    const int64_t index = rest % args.batch_shape[axis];
+    rest /= args.batch_shape[axis];
+    x_offset += index * args.x_batch_strides[axis];
+    w_offset += index * args.w_batch_strides[axis];
+    scales_offset += index * args.scales_batch_strides[axis];
+  }
+  return {
+      args.w + w_offset,
+      scales + scales_offset,
+      x + x_offset,
+      global_factor(args.global_scale, 0),
+      true};
+}
+
+__device__ __forceinline__ float quiet_nan() {
+  return __uint_as_float(0x7FC00000u);
+}
+
+// Copies `rows` rows of `row_bytes` bytes (valid_bytes of each from
+// device memory, the rest zero-filled) from src (row stride src_stride
+// bytes) to shared dst (16-byte aligned, row stride dst_stride), spread
+// over a warp's lanes. Rows at or past `valid_rows` are zero-filled.
+// cp.async pieces of 16, 8 or 4 bytes, the widest that the addresses
+// allow; byte by byte (synchronous) for anything narrower. The caller
+// commits the cp.async group.
+__device__ __forceinline__ void warp_copy_rows(
+    void* dst,
+    int dst_stride,
+    const uint8_t* src,
+    int64_t src_stride,
+    int rows,
+    int valid_rows,
+    int row_bytes,
+    int valid_bytes,
+    int lane) {
+  const uint64_t alignment =
+      reinterpret_cast<uint64_t>(src) | uint64_t(src_stride) |
+      uint64_t(dst_stride) | uint64_t(row_bytes) | uint64_t(valid_bytes);
+  auto* out = static_cast<uint8_t*>(dst);
+  auto copy = [&](auto width_constant) {
+    constexpr int width = decltype(width_constant)::value;
+    const int per_row = row_bytes / width;
+    for (int piece = lane; piece < rows * per_row; piece += kWarpSize) {
+      const int row = piece / per_row;
+      const int offset = piece % per_row * width;
+      const int available = row < valid_rows
+          ? max(0, min(width, valid_bytes - offset))
+          : 0;
+      // A zero-length copy still takes a readable address.
+      const uint8_t* from =
+          available > 0 ? src + row * src_stride + offset : src;
+      uint8_t* to = out + row * dst_stride + offset;
+      if constexpr (width >= 4) {
+        __pipeline_memcpy_async(to, from, width, width - available);
+      } else {
+        *to = available > 0 ? *from : 0;
+      }
+    }
+  };
+  if (alignment % 16 == 0) {
+    copy(std::integral_constant<int, 16>{});
+  } else if (alignment % 8 == 0) {
+    copy(std::integral_constant<int, 8>{});
+  } else if (alignment % 4 == 0) {
+    copy(std::integral_constant<int, 4>{});
+  } else {
+    copy(std::integral_constant<int, 1>{});
+  }
+}
+
+}  // namespace fpqmm::cuda

@@ -1,0 +1,54 @@
+// The kernel instantiations of one x type and code width, as function
+// pointers: kernel_for<T, bits> is explicitly instantiated once per pair in
+// backend/cuda/instantiations/ (six translation units that compile in
+// parallel), and table.cu picks among them.
+#pragma once
+
+#include <type_traits>
+
+#include "backend/cuda/kernels/fp_qmv.cuh"
+#include "backend/cuda/kernels/fp_qvm.cuh"
+#include "backend/cuda/table.h"
+
+namespace fpqmm::cuda {
+
+template <int value>
+using Int = std::integral_constant<int, value>;
+
+template <typename F>
+void with_encoding(ScaleEncoding encoding, F&& f) {
+  switch (encoding) {
+    case ScaleEncoding::e8m0:
+      return f(Int<kScaleE8M0>{});
+    case ScaleEncoding::e4m3:
+      return f(Int<kScaleE4M3>{});
+    case ScaleEncoding::float32:
+      return f(Int<kScaleFloat32>{});
+    case ScaleEncoding::float16:
+      return f(Int<kScaleFloat16>{});
+    case ScaleEncoding::bfloat16:
+      return f(Int<kScaleBFloat16>{});
+  }
+}
+
+// fp_qmv / fp_qvm for `key` (of x type T and `bits`-wide codes); null for
+// E4M3 scales with E4M3 codes, which no format has.
+template <typename T, int bits>
+const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
+  const void* kernel = nullptr;
+  with_encoding(key.encoding, [&](auto encoding) {
+    if constexpr (bits == 4 || encoding != kScaleE4M3) {
+      if (!key.transpose) {
+        kernel = reinterpret_cast<const void*>(&fp_qvm<T, bits, encoding>);
+      } else if (key.x_blocks == 1) {
+        kernel = reinterpret_cast<const void*>(&fp_qmv<T, bits, encoding, 1>);
+      } else {
+        kernel = reinterpret_cast<const void*>(
+            &fp_qmv<T, bits, encoding, kQmvMaxXBlocks>);
+      }
+    }
+  });
+  return kernel;
+}
+
+}  // namespace fpqmm::cuda

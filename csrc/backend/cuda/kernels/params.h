@@ -1,0 +1,95 @@
+// The contract between the CUDA kernels and the host plan (backend/cuda/
+// plan.cpp): tile geometry and the one argument struct every kernel takes.
+// Plain C++ as well as CUDA, so that the plan is built and tested without
+// CUDA headers.
+#pragma once
+
+#include <cstdint>
+
+namespace fpqmm::cuda {
+
+inline constexpr int kWarpSize = 32;
+
+// Batch axes the kernels walk (the plan folds contiguous axes first).
+inline constexpr int kMaxBatchDims = 6;
+
+// qmv (x @ W^T, W (N, K) grouped along K): mma.sync m16n8k16 steps with W
+// as the A operand (16 rows of W per tile) and x as B (8 rows of x per
+// block). Each warp owns kQmvTilesPerWarp tiles of W rows; the warps of a
+// block share those rows and take turns over stages of kQmvStageCodes
+// codes of K, staged in shared memory by cp.async, kQmvStages deep.
+inline constexpr int kQmvWarps = 4;
+inline constexpr int kQmvTileRows = 16;
+inline constexpr int kQmvTilesPerWarp = 2;
+inline constexpr int kQmvRowsPerBlock = kQmvTileRows * kQmvTilesPerWarp;
+inline constexpr int kQmvStepCodes = 16;  // the K of one mma step
+inline constexpr int kQmvStageCodes = 128;  // a multiple of every group size
+inline constexpr int kQmvStages = 3;
+inline constexpr int kQmvXBlockRows = 8;  // the N of one mma step
+inline constexpr int kQmvMaxXBlocks = 2;  // rows of x per pass: 16
+// Shared-memory rows are padded by 16 bytes, so that the 8 rows a warp's
+// lanes read at once fall in distinct banks.
+inline constexpr int kSmemRowPadding = 16;
+// A stage's scales per row: up to kQmvStageCodes / 16 groups.
+inline constexpr int kQmvStageGroups = kQmvStageCodes / 16;
+
+constexpr int qmv_stage_row_bytes(int bits) {
+  return kQmvStageCodes * bits / 8 + kSmemRowPadding;
+}
+constexpr int qmv_stage_bytes(int bits, int scale_itemsize) {
+  return kQmvRowsPerBlock *
+      (qmv_stage_row_bytes(bits) + kQmvStageGroups * scale_itemsize);
+}
+// Dynamic shared memory of one qmv block (its warps' stages; reused for the
+// warps' partial sums at the end). Above 48 KiB the launch needs
+// cudaFuncAttributeMaxDynamicSharedMemorySize.
+constexpr int qmv_shared_bytes(int bits, int scale_itemsize) {
+  return kQmvWarps * kQmvStages * qmv_stage_bytes(bits, scale_itemsize);
+}
+inline constexpr int kDefaultSharedLimit = 48 * 1024;
+
+// qvm (x @ W, W (K, N) grouped along N): each lane owns kQvmColumns
+// adjacent outputs (one or two packed words per row of W) for up to
+// kQvmRows rows of x; the warps of a block take turns over the rows of K of
+// each chunk of kQvmChunk rows, whose x the block stages in shared memory.
+inline constexpr int kQvmWarps = 4;
+inline constexpr int kQvmColumns = 8;
+inline constexpr int kQvmColumnsPerBlock = kWarpSize * kQvmColumns;
+inline constexpr int kQvmRows = 8;
+inline constexpr int kQvmChunk = 256;
+inline constexpr int kQvmSharedBytes =
+    kQvmRows * kQvmChunk * 4 + kQvmWarps * kQvmRows * kQvmColumnsPerBlock * 4;
+
+// Split K: the partial sums of split s are float32 at partials + s * batch *
+// M * N; fp_split_k_sum adds them, kSplitKSumThreads threads per block.
+inline constexpr int kSplitKSumThreads = 256;
+
+// Every kernel's one parameter. Pointers are device pointers; element
+// strides per batch axis (w in uint32 words, scales in scale elements).
+// Gather: pair z multiplies x matrix lhs_indices[z] with W matrix
+// rhs_indices[z] of row-contiguous matrices; an index out of range makes the
+// pair's outputs NaN. global_scale: nvfp4's global scale (null without),
+// one value, or with gather one per W matrix.
+struct QmmArgs {
+  const uint32_t* w;
+  const void* scales;
+  const float* global_scale;
+  const void* x;
+  void* y;
+  float* partials;  // split K only
+  const uint32_t* lhs_indices;  // gather only
+  const uint32_t* rhs_indices;
+  int M, N, K;
+  int group_size;
+  int batch_ndims;
+  int batch_shape[kMaxBatchDims];
+  int64_t x_batch_strides[kMaxBatchDims];
+  int64_t w_batch_strides[kMaxBatchDims];
+  int64_t scales_batch_strides[kMaxBatchDims];
+  int64_t batch_count;  // pairs with gather
+  int x_matrices, w_matrices;  // gather only
+  int split_k;  // 1: no split
+  int split_k_step;  // codes of K per split, a multiple of the stage
+};
+
+}  // namespace fpqmm::cuda

@@ -1,0 +1,103 @@
+// Every decision of the CUDA path in plain C++ (built and tested on Linux
+// without a GPU): which kernel instantiation a call runs, on what grid, with
+// how much shared memory, split K and scratch. eval_gpu only carries a plan
+// out.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/common/problem.h"
+#include "backend/cuda/kernels/params.h"
+#include "common/formats.h"
+
+namespace mlx_fpqmm::cuda {
+
+// What the plan needs to know about the GPU.
+struct CudaDevice {
+  int major = 0;  // compute capability
+  int minor = 0;
+  int sm_count = 0;
+};
+
+// "sm_90", "sm_90a", "sm_121", "cuda:9.0": the capability, with the SM count
+// of the usual part of that capability (H100/H200: 132); nothing for other
+// names.
+std::optional<CudaDevice> device_from_name(std::string_view name);
+
+// The kernels need mma.sync on bfloat16 and cp.async: sm_80 and later.
+inline constexpr int kMinimumMajor = 8;
+
+// qmv / qvm: the decode kernels (x @ W^T / x @ W) for M up to kDecodeRows;
+// simple: the same kernels tiled over M, for M above the decode range
+// (until the prefill kernels exist).
+enum class KernelPath { qmv, qvm, simple };
+enum class KernelRequest { automatic, decode, simple };
+
+inline constexpr int kDecodeRows =
+    fpqmm::cuda::kQmvMaxXBlocks * fpqmm::cuda::kQmvXBlockRows;
+
+std::string_view path_name(KernelPath path);
+std::optional<KernelRequest> kernel_request_from_name(std::string_view name);
+std::string_view request_name(KernelRequest request);  // "auto", ...
+// MLX_FPQMM_KERNEL=auto|qmv|simple (unset: auto; qmv asks for the decode
+// kernels of either orientation); throws on other values.
+KernelRequest kernel_request_from_env();
+
+// The template arguments of the main kernel: fp_qmv<T, bits, encoding,
+// x_blocks> or fp_qvm<T, bits, encoding> (x_blocks 0).
+struct KernelKey {
+  bool transpose;
+  int bits;
+  ScaleEncoding encoding;
+  FloatType x_type;
+  int x_blocks;
+};
+
+struct Launch {
+  std::string kernel;
+  std::array<int, 3> grid;
+  std::array<int, 3> block;
+  int shared_bytes = 0;  // dynamic
+};
+
+struct KernelPlan {
+  KernelRequest requested;
+  KernelPath path;
+  std::string note;  // why, including why not the requested path
+  KernelKey key;
+  Launch main;
+  // Split K: the main kernel writes split_k float32 slices of partial sums
+  // (partials_bytes of scratch) and `reduction` (fp_split_k_sum<T>) adds
+  // them into y. split_k 1: the main kernel writes y.
+  int split_k = 1;
+  int split_k_step = 0;  // codes of K per split
+  int64_t partials_bytes = 0;
+  std::optional<Launch> reduction;
+  // The batch axes the kernels walk: the problem's, with axes that are
+  // contiguous in x, w and scales alike folded together.
+  std::vector<int> batch_shape;
+  std::vector<int64_t> x_batch_strides;
+  std::vector<int64_t> w_batch_strides;
+  std::vector<int64_t> scales_batch_strides;
+  int64_t batch_count = 1;
+};
+
+// Throws std::invalid_argument for a device the kernels do not run on.
+KernelPlan plan(
+    const QmmProblem& problem,
+    const CudaDevice& device,
+    KernelRequest request);
+
+// The kernel argument block of a plan, without the pointers (the caller
+// fills w, scales, global_scale, x, y, partials and, for gather, the
+// indices).
+fpqmm::cuda::QmmArgs kernel_args(
+    const QmmProblem& problem,
+    const KernelPlan& plan);
+
+}  // namespace mlx_fpqmm::cuda

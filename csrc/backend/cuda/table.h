@@ -1,0 +1,15 @@
+// The kernel instantiation a plan names (KernelPlan::main, ::reduction), as
+// a function pointer (eval_gpu turns it into a CUfunction with
+// cudaGetFuncBySymbol): the one place that turns a KernelKey into template
+// arguments, for eval_gpu and the test harness alike. Plain C++.
+#pragma once
+
+#include "backend/cuda/plan.h"
+
+namespace fpqmm::cuda {
+
+// Throws std::invalid_argument for a key no format has.
+const void* main_kernel(const mlx_fpqmm::cuda::KernelKey& key);
+const void* split_k_sum_kernel(mlx_fpqmm::FloatType type);
+
+}  // namespace fpqmm::cuda

@@ -1,0 +1,828 @@
+// Standalone test and benchmark of the CUDA kernels (no MLX library: only
+// its headers, for the plan's QmmProblem). Every case runs through the plan
+// and the kernel table as eval_gpu will, and is compared with a reference
+// written here from the decode tables of common/formats.h.
+//
+//   harness [--test] [--bench] [--only SUBSTRING]
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/table.h"
+#include "backend/cuda/plan.h"
+
+namespace {
+
+using mlx_fpqmm::FloatType;
+using mlx_fpqmm::Mode;
+using mlx_fpqmm::QmmProblem;
+using mlx_fpqmm::ScaleEncoding;
+namespace cu = mlx_fpqmm::cuda;
+namespace fc = fpqmm::cuda;
+
+#define CHECK_CUDA(call)                                                   \
+  do {                                                                     \
+    cudaError_t error_ = (call);                                           \
+    if (error_ != cudaSuccess) {                                           \
+      std::fprintf(                                                        \
+          stderr, "%s:%d %s\n", __FILE__, __LINE__,                        \
+          cudaGetErrorString(error_));                                     \
+      std::exit(2);                                                        \
+    }                                                                      \
+  } while (0)
+
+// Host conversions, round to nearest even (subnormals, inf and NaN kept).
+float bf16_to_float(uint16_t bits) {
+  return std::bit_cast<float>(uint32_t(bits) << 16);
+}
+uint16_t float_to_bf16(float value) {
+  uint32_t bits = std::bit_cast<uint32_t>(value);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) {
+    return uint16_t((bits >> 16) | 0x40);
+  }
+  return uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  const int exponent = (h >> 10) & 0x1F;
+  const uint32_t mantissa = h & 0x3FF;
+  float magnitude;
+  if (exponent == 0) {
+    magnitude = std::ldexp(float(mantissa), -24);
+  } else if (exponent == 31) {
+    magnitude = mantissa ? NAN : INFINITY;
+  } else {
+    magnitude = std::ldexp(float(mantissa | 0x400), exponent - 25);
+  }
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(magnitude) | sign);
+}
+uint16_t float_to_half(float value) {
+  return std::bit_cast<uint16_t>(__half(value));
+}
+
+int x_itemsize(FloatType type) {
+  return type == FloatType::float32 ? 4 : 2;
+}
+
+float load_float(const std::vector<uint8_t>& bytes, FloatType type, int64_t i) {
+  if (type == FloatType::float32) {
+    float v;
+    std::memcpy(&v, bytes.data() + 4 * i, 4);
+    return v;
+  }
+  uint16_t v;
+  std::memcpy(&v, bytes.data() + 2 * i, 2);
+  return type == FloatType::float16 ? half_to_float(v) : bf16_to_float(v);
+}
+
+void store_float(std::vector<uint8_t>& bytes, FloatType type, int64_t i, float v) {
+  if (type == FloatType::float32) {
+    std::memcpy(bytes.data() + 4 * i, &v, 4);
+    return;
+  }
+  uint16_t h = type == FloatType::float16 ? float_to_half(v) : float_to_bf16(v);
+  std::memcpy(bytes.data() + 2 * i, &h, 2);
+}
+
+float scale_value(const std::vector<uint8_t>& scales, ScaleEncoding e, int64_t i) {
+  switch (e) {
+    case ScaleEncoding::e8m0:
+      return mlx_fpqmm::decode_e8m0(scales[i]);
+    case ScaleEncoding::e4m3:
+      return mlx_fpqmm::kE4M3Values[scales[i]];
+    case ScaleEncoding::float32:
+      return load_float(scales, FloatType::float32, i);
+    case ScaleEncoding::float16:
+      return load_float(scales, FloatType::float16, i);
+    case ScaleEncoding::bfloat16:
+      return load_float(scales, FloatType::bfloat16, i);
+  }
+  return 0;
+}
+
+struct Case {
+  std::string name;
+  Mode mode;
+  int group_size;
+  FloatType x_type;
+  std::optional<FloatType> scale_type;
+  bool transpose;
+  int M, N, K;
+  std::vector<int> batch_shape;  // x batch; w broadcast over axis 0 if set
+  bool broadcast_w = false;
+  // Gather: pairs, x matrices, w matrices, index style.
+  int pairs = 0, x_matrices = 0, w_matrices = 0;
+  enum class Indices { random, sorted, out_of_range } indices = Indices::random;
+  bool global_scale = false;
+  bool nonfinite = false;  // inf / NaN scales, NaN codes, zero x
+  std::optional<cu::KernelRequest> request;
+};
+
+struct HostProblem {
+  QmmProblem problem;
+  std::vector<uint8_t> w, scales, x;
+  std::vector<float> global_scale;
+  std::vector<uint32_t> lhs, rhs;
+  int64_t w_matrices, x_matrices;  // stored
+};
+
+// Code value of element `col` of row `row` of a packed matrix.
+float code_value(const uint8_t* w, int bits, int64_t row_bytes, int64_t row, int64_t col) {
+  const uint8_t* r = w + row * row_bytes;
+  if (bits == 4) {
+    return mlx_fpqmm::kE2M1Values[(r[col / 2] >> (col % 2 * 4)) & 0xF];
+  }
+  return mlx_fpqmm::kE4M3Values[r[col]];
+}
+
+HostProblem make_problem(const Case& c, std::mt19937& rng) {
+  const auto& format = mlx_fpqmm::format_for(c.mode);
+  HostProblem h;
+  QmmProblem& p = h.problem;
+  p.mode = c.mode;
+  p.group_size = c.group_size;
+  p.transpose = c.transpose;
+  p.M = c.M;
+  p.N = c.N;
+  p.K = c.K;
+  p.x_type = c.x_type;
+  p.scale_type = c.scale_type;
+  p.has_global_scale = c.global_scale;
+  const int64_t rows = c.transpose ? c.N : c.K;
+  const int64_t cols = c.transpose ? c.K : c.N;
+  const int64_t w_bytes = rows * cols * format.bits / 8;
+  const int64_t groups = rows * (cols / c.group_size);
+  const auto encoding = mlx_fpqmm::scale_encoding(c.mode, c.scale_type);
+  const int scale_bytes = mlx_fpqmm::scale_itemsize(encoding);
+  int64_t x_count = 1;
+  int64_t w_count = 1;
+  if (c.pairs > 0) {
+    p.gather = true;
+    p.batch_shape = {c.pairs};
+    p.x_matrices = c.x_matrices;
+    p.w_matrices = c.w_matrices;
+    x_count = c.x_matrices;
+    w_count = c.w_matrices;
+    std::uniform_int_distribution<int> expert(0, c.w_matrices - 1);
+    std::uniform_int_distribution<int> xm(0, c.x_matrices - 1);
+    for (int i = 0; i < c.pairs; ++i) {
+      h.lhs.push_back(xm(rng));
+      h.rhs.push_back(expert(rng));
+    }
+    if (c.indices == Case::Indices::sorted) {
+      std::sort(h.rhs.begin(), h.rhs.end());
+    }
+    if (c.indices == Case::Indices::out_of_range) {
+      h.rhs[0] = c.w_matrices;
+      h.lhs[c.pairs / 2] = c.x_matrices + 7;
+      h.rhs[c.pairs - 1] = 0xFFFFFFFFu;
+    }
+  } else if (!c.batch_shape.empty()) {
+    p.batch_shape = c.batch_shape;
+    int64_t batch = 1;
+    for (int s : c.batch_shape) batch *= s;
+    x_count = batch;
+    w_count = c.broadcast_w ? batch / c.batch_shape[0] : batch;
+    // Row-contiguous x; w broadcast over axis 0 (stride 0) when asked.
+    const int nd = static_cast<int>(c.batch_shape.size());
+    p.x_batch_strides.assign(nd, 0);
+    p.w_batch_strides.assign(nd, 0);
+    p.scales_batch_strides.assign(nd, 0);
+    int64_t xs = int64_t(c.M) * c.K, ws = w_bytes / 4, ss = groups;
+    for (int a = nd - 1; a >= 0; --a) {
+      p.x_batch_strides[a] = xs;
+      xs *= c.batch_shape[a];
+      const bool broadcast = c.broadcast_w && a == 0;
+      p.w_batch_strides[a] = broadcast ? 0 : ws;
+      p.scales_batch_strides[a] = broadcast ? 0 : ss;
+      if (!broadcast) {
+        ws *= c.batch_shape[a];
+        ss *= c.batch_shape[a];
+      }
+    }
+  }
+  h.w_matrices = w_count;
+  h.x_matrices = x_count;
+  h.w.resize(w_count * w_bytes);
+  for (auto& b : h.w) {
+    b = uint8_t(rng());
+    // NaN codes only where the case asks for them (a NaN row hides the rest).
+    if (format.bits == 8 && (b & 0x7F) == 0x7F && !c.nonfinite) {
+      b ^= 1;
+    }
+  }
+  h.scales.resize(w_count * groups * scale_bytes);
+  std::uniform_int_distribution<int> e8m0(118, 136);
+  std::uniform_int_distribution<int> e4m3(0x20, 0x5F);
+  std::uniform_real_distribution<float> uniform(0.25f, 2.0f);
+  for (int64_t i = 0; i < w_count * groups; ++i) {
+    switch (encoding) {
+      case ScaleEncoding::e8m0:
+        h.scales[i] = uint8_t(e8m0(rng));
+        break;
+      case ScaleEncoding::e4m3:
+        h.scales[i] = uint8_t(e4m3(rng));
+        break;
+      default:
+        store_float(h.scales, *c.scale_type, i,
+                    uniform(rng) * (rng() % 2 ? 1.0f : -1.0f));
+    }
+  }
+  h.x.resize(x_count * int64_t(c.M) * c.K * x_itemsize(c.x_type));
+  std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
+  for (int64_t i = 0; i < x_count * int64_t(c.M) * c.K; ++i) {
+    store_float(h.x, c.x_type, i, xd(rng));
+  }
+  if (c.global_scale) {
+    for (int64_t i = 0; i < (c.pairs > 0 ? w_count : 1); ++i) {
+      h.global_scale.push_back(500.0f + 100.0f * float(i));
+    }
+  }
+  if (c.nonfinite) {
+    // A few groups with inf / NaN scales (byte 255 is E8M0's inf, 0x7F
+    // E4M3's NaN), zero x elements, and one NaN-code row (fp8).
+    for (int64_t i = 3; i < w_count * groups; i += 97) {
+      if (encoding == ScaleEncoding::e8m0) {
+        h.scales[i] = 255;
+      } else if (encoding == ScaleEncoding::e4m3) {
+        h.scales[i] = 0x7F;
+      } else {
+        store_float(h.scales, *c.scale_type, i, i % 2 ? INFINITY : -INFINITY);
+      }
+    }
+    for (int64_t i = 5; i < x_count * int64_t(c.M) * c.K; i += 13) {
+      store_float(h.x, c.x_type, i, 0.0f);
+    }
+  }
+  return h;
+}
+
+// y (float) of every batch element or pair, element by element: code times
+// scale in float, times x, summed in double. NaN rows for bad gather pairs.
+std::vector<float> reference(const Case& c, const HostProblem& h,
+                             std::vector<double>& magnitude) {
+  const auto& format = mlx_fpqmm::format_for(c.mode);
+  const auto encoding = mlx_fpqmm::scale_encoding(c.mode, c.scale_type);
+  const int64_t rows = c.transpose ? c.N : c.K;
+  const int64_t cols = c.transpose ? c.K : c.N;
+  const int64_t row_bytes = cols * format.bits / 8;
+  const int64_t groups_per_row = cols / c.group_size;
+  const int64_t w_bytes = rows * row_bytes;
+  int64_t batch = 1;
+  for (int s : h.problem.batch_shape) batch *= s;
+  std::vector<float> y(batch * c.M * c.N);
+  magnitude.assign(y.size(), 0.0);
+  std::vector<float> weights(rows * cols);
+  int64_t cached = -1;
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t wm = 0, xm = 0;
+    bool valid = true;
+    if (h.problem.gather) {
+      valid = h.lhs[b] < uint32_t(c.x_matrices) && h.rhs[b] < uint32_t(c.w_matrices);
+      wm = valid ? h.rhs[b] : 0;
+      xm = valid ? h.lhs[b] : 0;
+    } else if (!h.problem.batch_shape.empty()) {
+      int64_t rest = b;
+      for (int a = int(h.problem.batch_shape.size()) - 1; a >= 0; --a) {
+        const int64_t i = rest % h.problem.batch_shape[a];
+        rest /= h.problem.batch_shape[a];
+        xm += i * h.problem.x_batch_strides[a] / (int64_t(c.M) * c.K);
+        wm += i * h.problem.w_batch_strides[a] / (w_bytes / 4);
+      }
+    }
+    if (!valid) {
+      std::fill(y.begin() + b * c.M * c.N, y.begin() + (b + 1) * c.M * c.N, NAN);
+      continue;
+    }
+    if (wm != cached) {
+      const float factor = c.global_scale
+          ? h.global_scale[h.problem.gather ? wm : 0] / fpqmm::kNvfp4GlobalScaleDivisor
+          : 1.0f;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t k = 0; k < cols; ++k) {
+          const float s =
+              scale_value(h.scales, encoding, wm * rows * groups_per_row +
+                              r * groups_per_row + k / c.group_size) * factor;
+          weights[r * cols + k] =
+              code_value(h.w.data() + wm * w_bytes, format.bits, row_bytes, r, k) * s;
+        }
+      }
+      cached = wm;
+    }
+    for (int m = 0; m < c.M; ++m) {
+      for (int n = 0; n < c.N; ++n) {
+        double sum = 0, mag = 0;
+        for (int k = 0; k < c.K; ++k) {
+          const float xv = load_float(h.x, c.x_type, (xm * c.M + m) * int64_t(c.K) + k);
+          const float wv = c.transpose ? weights[int64_t(n) * cols + k]
+                                       : weights[int64_t(k) * cols + n];
+          const float term = wv * xv;
+          sum += term;
+          mag += std::fabs(double(term));
+        }
+        y[(b * c.M + m) * c.N + n] = float(sum);
+        magnitude[(b * c.M + m) * c.N + n] = mag;
+      }
+    }
+  }
+  return y;
+}
+
+struct DeviceProblem {
+  void* w = nullptr;
+  void* scales = nullptr;
+  void* x = nullptr;
+  void* y = nullptr;
+  float* global_scale = nullptr;
+  uint32_t* lhs = nullptr;
+  uint32_t* rhs = nullptr;
+  float* partials = nullptr;
+};
+
+template <typename T>
+T* upload(const std::vector<T>& host) {
+  T* device = nullptr;
+  if (host.empty()) {
+    return nullptr;
+  }
+  CHECK_CUDA(cudaMalloc(&device, host.size() * sizeof(T)));
+  CHECK_CUDA(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return device;
+}
+
+void launch(const cu::Launch& l, const void* kernel, const fc::QmmArgs& args,
+            cudaStream_t stream = 0) {
+  if (l.grid[0] == 0 || l.grid[1] == 0 || l.grid[2] == 0) {
+    return;
+  }
+  if (l.shared_bytes > fc::kDefaultSharedLimit) {
+    CHECK_CUDA(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, l.shared_bytes));
+  }
+  void* params[] = {const_cast<fc::QmmArgs*>(&args)};
+  CHECK_CUDA(cudaLaunchKernel(
+      kernel, dim3(l.grid[0], l.grid[1], l.grid[2]),
+      dim3(l.block[0], l.block[1], l.block[2]), params, l.shared_bytes, stream));
+}
+
+cu::CudaDevice this_device() {
+  int device = 0;
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  return {prop.major, prop.minor, prop.multiProcessorCount};
+}
+
+// Runs `plan` on the device operands.
+void run_plan(const cu::KernelPlan& plan, const QmmProblem& problem,
+              const DeviceProblem& d, cudaStream_t stream = 0) {
+  fc::QmmArgs args = cu::kernel_args(problem, plan);
+  args.w = static_cast<const uint32_t*>(d.w);
+  args.scales = d.scales;
+  args.global_scale = d.global_scale;
+  args.x = d.x;
+  args.y = d.y;
+  args.partials = plan.split_k > 1 ? d.partials : nullptr;
+  args.lhs_indices = d.lhs;
+  args.rhs_indices = d.rhs;
+  launch(plan.main, fc::main_kernel(plan.key), args, stream);
+  if (plan.reduction) {
+    launch(*plan.reduction, fc::split_k_sum_kernel(problem.x_type), args, stream);
+  }
+}
+
+bool run_case(const Case& c, std::mt19937& rng) {
+  HostProblem h = make_problem(c, rng);
+  const auto device = this_device();
+  const auto request = c.request.value_or(cu::KernelRequest::automatic);
+  const cu::KernelPlan plan = cu::plan(h.problem, device, request);
+  DeviceProblem d;
+  d.w = upload(h.w);
+  d.scales = upload(h.scales);
+  d.x = upload(h.x);
+  d.global_scale = upload(h.global_scale);
+  d.lhs = upload(h.lhs);
+  d.rhs = upload(h.rhs);
+  std::vector<double> magnitude;
+  const std::vector<float> expected = reference(c, h, magnitude);
+  const int64_t y_bytes = int64_t(expected.size()) * x_itemsize(c.x_type);
+  CHECK_CUDA(cudaMalloc(&d.y, std::max<int64_t>(y_bytes, 1)));
+  CHECK_CUDA(cudaMemset(d.y, 0x7F, std::max<int64_t>(y_bytes, 1)));
+  if (plan.partials_bytes > 0) {
+    CHECK_CUDA(cudaMalloc(&d.partials, plan.partials_bytes));
+  }
+  run_plan(plan, h.problem, d);
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<uint8_t> y(y_bytes);
+  CHECK_CUDA(cudaMemcpy(y.data(), d.y, y_bytes, cudaMemcpyDeviceToHost));
+  // Output rounding of y's type, plus the float32 sums (and float32 x's
+  // bfloat16 split, 2^-17 per term) against the sum of |terms|.
+  const double out_eps = c.x_type == FloatType::float32 ? 0x1p-23
+      : c.x_type == FloatType::float16                  ? 0x1p-11
+                                                         : 0x1p-8;
+  const double term_eps = c.x_type == FloatType::float32 ? 0x1p-15 : 0x1p-18;
+  int64_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const float got = load_float(y, c.x_type, i);
+    const float want = expected[i];
+    bool ok;
+    if (std::isnan(want) || std::isnan(got)) {
+      ok = std::isnan(want) && std::isnan(got);
+    } else if (std::isinf(want) || std::isinf(got)) {
+      // float16 y overflows where the float32 sum does not.
+      ok = got == want ||
+           (c.x_type == FloatType::float16 && std::fabs(want) > 65504.0f);
+    } else {
+      const double error = std::fabs(double(got) - double(want));
+      const double bound = out_eps * std::fabs(double(want)) +
+          term_eps * magnitude[i] + 1e-30;
+      worst = std::max(worst, error / bound);
+      ok = error <= bound;
+    }
+    if (!ok && bad++ < 3) {
+      std::printf("    [%zu] got %g want %g (|terms| %g)\n", i, got, want, magnitude[i]);
+    }
+  }
+  std::printf("%s %-60s %-44s split=%d grid=(%d,%d,%d) worst=%.2f\n",
+              bad ? "FAIL" : "ok  ", c.name.c_str(), plan.main.kernel.c_str(),
+              plan.split_k, plan.main.grid[0], plan.main.grid[1],
+              plan.main.grid[2], worst);
+  for (void* p : {d.w, d.scales, d.x, d.y, (void*)d.global_scale, (void*)d.lhs,
+                  (void*)d.rhs, (void*)d.partials}) {
+    cudaFree(p);
+  }
+  return bad == 0;
+}
+
+struct ModeSpec {
+  Mode mode;
+  int group_size;
+  std::optional<FloatType> scale_type;
+  const char* name;
+};
+
+const std::vector<ModeSpec> kModes = {
+    {Mode::mxfp4, 32, std::nullopt, "mxfp4"},
+    {Mode::nvfp4, 16, std::nullopt, "nvfp4"},
+    {Mode::mxfp8, 32, std::nullopt, "mxfp8"},
+    {Mode::fp4, 64, FloatType::bfloat16, "fp4/g64/bf16"},
+    {Mode::fp8, 32, FloatType::float32, "fp8/g32/f32"},
+};
+
+const std::vector<std::pair<FloatType, const char*>> kTypes = {
+    {FloatType::bfloat16, "bf16"},
+    {FloatType::float16, "f16"},
+    {FloatType::float32, "f32"},
+};
+
+std::vector<Case> test_cases() {
+  std::vector<Case> cases;
+  auto name = [](const ModeSpec& m, const char* t, bool tr, int M, int N, int K,
+                 const std::string& extra) {
+    return std::string(m.name) + " " + t + (tr ? " T" : " N") + " M" +
+           std::to_string(M) + " " + std::to_string(N) + "x" +
+           std::to_string(K) + extra;
+  };
+  // Every mode x dtype x orientation on odd shapes and M across the decode
+  // range and above it.
+  const std::vector<std::array<int, 3>> shapes = {
+      {1, 100, 256}, {3, 33, 160}, {8, 64, 4096}, {11, 300, 544}, {16, 40, 96}, {37, 72, 192}};
+  for (const auto& m : kModes) {
+    for (const auto& [type, tname] : kTypes) {
+      for (bool transpose : {true, false}) {
+        for (auto [M, N, K] : shapes) {
+          if (transpose) {
+            K = (K + m.group_size - 1) / m.group_size * m.group_size;
+          } else {
+            // x @ W: N is the grouped axis.
+            N = (N + 127) / 128 * 128 + (m.group_size <= 32 ? 32 : 0);
+            K = K / 2 + 3;
+          }
+          Case c{name(m, tname, transpose, M, N, K, ""), m.mode, m.group_size,
+                 type, m.scale_type, transpose, M, N, K};
+          c.global_scale = m.mode == Mode::nvfp4;
+          cases.push_back(c);
+        }
+      }
+    }
+  }
+  // Every float-scale group size and scale type, K tails of one group.
+  for (Mode mode : {Mode::fp4, Mode::fp8}) {
+    for (int g : {16, 32, 64, 128}) {
+      for (FloatType st : {FloatType::float32, FloatType::float16, FloatType::bfloat16}) {
+        const ModeSpec m{mode, g, st, mode == Mode::fp4 ? "fp4" : "fp8"};
+        const std::string extra = " g" + std::to_string(g) + " s" +
+                                  std::string(mlx_fpqmm::type_name(st));
+        Case c{name(m, "bf16", true, 5, 70, 3 * g + 128, extra), mode, g,
+               FloatType::bfloat16, st, true, 5, 70, 3 * g + 128};
+        cases.push_back(c);
+        Case n{name(m, "bf16", false, 5, 2 * g + 256, 77, extra), mode, g,
+               FloatType::bfloat16, st, false, 5, 2 * g + 256, 77};
+        cases.push_back(n);
+      }
+    }
+  }
+  // nvfp4 K = 16 mod 32 (8-byte rows: the 8-byte copies), and split K.
+  for (bool transpose : {true, false}) {
+    Case c{name(kModes[1], "bf16", transpose, 2, 48, 48, " narrow"), Mode::nvfp4,
+           16, FloatType::bfloat16, std::nullopt, transpose, 2, 48, 48};
+    cases.push_back(c);
+  }
+  for (const auto& m : kModes) {
+    Case c{name(m, "bf16", true, 4, 256, 8192, " split"), m.mode, m.group_size,
+           FloatType::bfloat16, m.scale_type, true, 4, 256, 8192};
+    cases.push_back(c);
+    Case n{name(m, "f16", false, 2, 512, 3000, " split"), m.mode, m.group_size,
+           FloatType::float16, m.scale_type, false, 2, 512, 3000};
+    cases.push_back(n);
+  }
+  // Non-finite scales, NaN codes and zero x, element by element.
+  for (const auto& m : kModes) {
+    for (bool transpose : {true, false}) {
+      Case c{name(m, "f32", transpose, 3, 256, 512, " nonfinite"), m.mode,
+             m.group_size, FloatType::float32, m.scale_type, transpose, 3, 256, 512};
+      c.nonfinite = true;
+      cases.push_back(c);
+    }
+  }
+  // Batch with broadcast w; gather with random, sorted, out-of-range indices.
+  for (bool transpose : {true, false}) {
+    Case b{name(kModes[0], "bf16", transpose, 3, 256, 320, " batch 2x3 bw"),
+           Mode::mxfp4, 32, FloatType::bfloat16, std::nullopt, transpose, 3, 256, 320};
+    b.batch_shape = {2, 3};
+    b.broadcast_w = true;
+    cases.push_back(b);
+    for (auto style : {Case::Indices::random, Case::Indices::sorted,
+                       Case::Indices::out_of_range}) {
+      const char* sname = style == Case::Indices::random ? " gather random"
+          : style == Case::Indices::sorted               ? " gather sorted"
+                                                         : " gather out-of-range";
+      for (const auto& m : {kModes[0], kModes[1]}) {
+        Case g{name(m, "bf16", transpose, 1, 256, 512, sname), m.mode,
+               m.group_size, FloatType::bfloat16, m.scale_type, transpose, 1, 256, 512};
+        g.pairs = 12;
+        g.x_matrices = 3;
+        g.w_matrices = 8;
+        g.indices = style;
+        g.global_scale = m.mode == Mode::nvfp4;
+        cases.push_back(g);
+      }
+    }
+  }
+  // The simple path forced on a decode shape, the decode path on M > 16.
+  Case s{name(kModes[0], "bf16", true, 4, 96, 256, " simple"), Mode::mxfp4, 32,
+         FloatType::bfloat16, std::nullopt, true, 4, 96, 256};
+  s.request = cu::KernelRequest::simple;
+  cases.push_back(s);
+  Case q{name(kModes[2], "bf16", false, 20, 256, 100, " qmv requested"), Mode::mxfp8, 32,
+         FloatType::bfloat16, std::nullopt, false, 20, 256, 100};
+  q.request = cu::KernelRequest::decode;
+  cases.push_back(q);
+  return cases;
+}
+
+// ---- Benchmark ----
+
+__global__ void read_bandwidth_kernel(const uint4* data, int64_t count, uint32_t* out) {
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(data + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) {
+    out[0] = acc;
+  }
+}
+
+__global__ void fill_kernel(uint32_t* data, int64_t count, uint32_t seed, uint32_t mask,
+                            uint32_t value) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    data[i] = (h & mask) | value;
+  }
+}
+
+// Best of `repeats` of f() (which runs `products` products), per product.
+template <typename F>
+double time_us(F&& f, int products, int repeats = 5) {
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  f();  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    CHECK_CUDA(cudaEventRecord(start));
+    f();
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    best = std::min(best, double(ms) * 1000.0 / products);
+  }
+  CHECK_CUDA(cudaGetLastError());
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
+void bench(const std::string& only) {
+  const auto device = this_device();
+  constexpr int64_t kPool = int64_t(1) << 30;  // weight copies: 1 GiB
+  uint8_t* pool = nullptr;
+  uint8_t* scale_pool = nullptr;
+  CHECK_CUDA(cudaMalloc(&pool, kPool + (64 << 20)));
+  CHECK_CUDA(cudaMalloc(&scale_pool, kPool / 4));
+  // Codes random (E4M3 magnitudes below 0x7F); scales finite: every byte
+  // 0x3C is finite in each encoding.
+  fill_kernel<<<1024, 256>>>((uint32_t*)pool, (kPool + (64 << 20)) / 4, 1, 0xFFFFFFFFu, 0);
+  CHECK_CUDA(cudaMemset(scale_pool, 0x3C, kPool / 4));
+  uint32_t* sink = nullptr;
+  CHECK_CUDA(cudaMalloc(&sink, 4));
+  const double read_us = time_us(
+      [&] { read_bandwidth_kernel<<<device.sm_count * 8, 512>>>((const uint4*)pool, kPool / 16, sink); }, 1);
+  const double read_gbs = kPool / read_us / 1e3;
+  std::printf("read bandwidth (1 GiB, streaming uint4 loads): %.0f GB/s\n", read_gbs);
+  std::printf("%-44s %10s %9s %6s  %s\n", "case", "us", "GB/s", "%read", "kernel");
+
+  void* x = nullptr;
+  void* y = nullptr;
+  float* partials = nullptr;
+  float* global_scale = nullptr;
+  CHECK_CUDA(cudaMalloc(&x, 16 << 20));
+  CHECK_CUDA(cudaMalloc(&y, 64 << 20));
+  CHECK_CUDA(cudaMalloc(&partials, 64 << 20));
+  CHECK_CUDA(cudaMalloc(&global_scale, 1024));
+  fill_kernel<<<256, 256>>>((uint32_t*)x, (16 << 20) / 4, 7, 0x3F1F3F1Fu, 0x3C003C00u);
+  fill_kernel<<<1, 256>>>((uint32_t*)global_scale, 256, 0, 0, 0x44FA0000u);  // 2000.0
+
+  auto run_dense = [&](const std::string& label, QmmProblem problem,
+                       const std::vector<uint32_t>* lhs, const std::vector<uint32_t>* rhs,
+                       int64_t weight_bytes, int64_t scale_bytes, int64_t set_w, int64_t set_s) {
+    if (!only.empty() && label.find(only) == std::string::npos) {
+      return;
+    }
+    const auto plan = cu::plan(problem, device, cu::KernelRequest::automatic);
+    const int copies = int(std::max<int64_t>(2, kPool / set_w));
+    DeviceProblem d;
+    d.x = x;
+    d.y = y;
+    d.partials = partials;
+    d.global_scale = problem.has_global_scale ? global_scale : nullptr;
+    uint32_t* indices = nullptr;
+    if (lhs) {
+      CHECK_CUDA(cudaMalloc(&indices, 8 * lhs->size()));
+      CHECK_CUDA(cudaMemcpy(indices, lhs->data(), 4 * lhs->size(), cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemcpy(indices + lhs->size(), rhs->data(), 4 * rhs->size(), cudaMemcpyHostToDevice));
+      d.lhs = indices;
+      d.rhs = indices + lhs->size();
+    }
+    const double us = time_us(
+        [&] {
+          for (int i = 0; i < copies; ++i) {
+            d.w = pool + i * set_w;
+            d.scales = scale_pool + i * set_s;
+            run_plan(plan, problem, d);
+          }
+        },
+        copies);
+    const double gbs = (weight_bytes + scale_bytes) / us / 1e3;
+    std::printf("%-44s %10.2f %9.0f %5.0f%%  %s split=%d\n", label.c_str(), us, gbs,
+                100.0 * gbs / read_gbs, plan.main.kernel.c_str(), plan.split_k);
+    cudaFree(indices);
+  };
+
+  const std::vector<std::pair<int, int>> shapes = {{14336, 4096}, {4096, 4096}};
+  for (const auto& m : kModes) {
+    const auto& format = mlx_fpqmm::format_for(m.mode);
+    const ModeSpec spec = m.mode == Mode::fp4 ? ModeSpec{Mode::fp4, 32, FloatType::bfloat16, "fp4"}
+        : m.mode == Mode::fp8 ? ModeSpec{Mode::fp8, 32, FloatType::bfloat16, "fp8"} : m;
+    for (auto [N, K] : shapes) {
+      for (int M : {1, 8}) {
+        for (const auto& [type, tname] : kTypes) {
+          QmmProblem p{};
+          p.mode = spec.mode;
+          p.group_size = spec.group_size;
+          p.transpose = true;
+          p.M = M;
+          p.N = N;
+          p.K = K;
+          p.x_type = type;
+          p.scale_type = spec.scale_type;
+          p.has_global_scale = spec.mode == Mode::nvfp4;
+          const int64_t wb = int64_t(N) * K * format.bits / 8;
+          const int64_t sb = int64_t(N) * (K / spec.group_size) *
+              mlx_fpqmm::scale_itemsize(mlx_fpqmm::scale_encoding(spec.mode, spec.scale_type));
+          const std::string label = std::string(spec.name) + " " + std::to_string(N) + "x" +
+              std::to_string(K) + " M=" + std::to_string(M) + " " + tname;
+          run_dense(label, p, nullptr, nullptr, wb, sb, (wb + 255) / 256 * 256, (sb + 255) / 256 * 256);
+        }
+      }
+    }
+  }
+  // gpt-oss layer: 32 experts of 2880 x 2880 mxfp4, top 4.
+  std::mt19937 rng(5);
+  for (int tokens : {1, 8}) {
+    for (bool sorted : {false, true}) {
+      std::vector<uint32_t> lhs, rhs;
+      for (int t = 0; t < tokens; ++t) {
+        std::vector<uint32_t> experts(32);
+        for (int e = 0; e < 32; ++e) experts[e] = e;
+        std::shuffle(experts.begin(), experts.end(), rng);
+        for (int j = 0; j < 4; ++j) {
+          lhs.push_back(t);
+          rhs.push_back(experts[j]);
+        }
+      }
+      if (sorted) {
+        std::vector<int> order(rhs.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+        std::sort(order.begin(), order.end(), [&](int a, int b) { return rhs[a] < rhs[b]; });
+        std::vector<uint32_t> l2, r2;
+        for (int i : order) {
+          l2.push_back(uint32_t(i));  // mlx-lm's layout: x (pairs, 1, K)
+          r2.push_back(rhs[i]);
+        }
+        lhs = l2;
+        rhs = r2;
+      }
+      QmmProblem p{};
+      p.mode = Mode::mxfp4;
+      p.group_size = 32;
+      p.transpose = true;
+      p.M = 1;
+      p.N = 2880;
+      p.K = 2880;
+      p.x_type = FloatType::bfloat16;
+      p.gather = true;
+      p.batch_shape = {int(lhs.size())};
+      p.x_matrices = sorted ? int(lhs.size()) : tokens;
+      p.w_matrices = 32;
+      p.right_sorted = sorted;
+      const int64_t wb = 2880LL * 2880 / 2;
+      const int64_t sb = 2880LL * 90;
+      std::vector<uint32_t> distinct(rhs);
+      std::sort(distinct.begin(), distinct.end());
+      distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+      const std::string label = "gather mxfp4 32x2880^2 top4 T=" + std::to_string(tokens) +
+          (sorted ? " sorted" : "");
+      run_dense(label, p, &lhs, &rhs, wb * int64_t(distinct.size()),
+                sb * int64_t(distinct.size()), wb * 32, sb * 32);
+    }
+  }
+  cudaFree(pool);
+  cudaFree(scale_pool);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(partials);
+  cudaFree(global_scale);
+  cudaFree(sink);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool test = false, run_bench = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--test") test = true;
+    if (a == "--bench") run_bench = true;
+    if (a == "--only" && i + 1 < argc) only = argv[++i];
+  }
+  if (!test && !run_bench) {
+    test = run_bench = true;
+  }
+  int failures = 0;
+  if (test) {
+    std::mt19937 rng(1234);
+    int count = 0;
+    for (const auto& c : test_cases()) {
+      if (!only.empty() && c.name.find(only) == std::string::npos) {
+        continue;
+      }
+      ++count;
+      failures += run_case(c, rng) ? 0 : 1;
+    }
+    std::printf("%d of %d cases failed\n", failures, count);
+  }
+  if (run_bench) {
+    bench(only);
+  }
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,178 @@
+// Unit test of the CUDA plan (plain C++, no GPU): built and run by
+// tests/test_cuda_plan.py. Prints each failed check; exits 1 on any.
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/plan.h"
+
+namespace {
+
+using mlx_fpqmm::FloatType;
+using mlx_fpqmm::Mode;
+using mlx_fpqmm::QmmProblem;
+namespace cu = mlx_fpqmm::cuda;
+
+int failures = 0;
+
+void check(bool condition, const std::string& what) {
+  if (!condition) {
+    std::printf("FAIL: %s\n", what.c_str());
+    ++failures;
+  }
+}
+
+QmmProblem problem(Mode mode, bool transpose, int M, int N, int K) {
+  QmmProblem p{};
+  p.mode = mode;
+  p.group_size = mlx_fpqmm::format_for(mode).default_group_size;
+  p.transpose = transpose;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.x_type = FloatType::bfloat16;
+  if (mlx_fpqmm::format_for(mode).scales == mlx_fpqmm::ScaleKind::floating) {
+    p.scale_type = FloatType::float16;
+  }
+  return p;
+}
+
+template <typename F>
+bool throws(F&& f) {
+  try {
+    f();
+  } catch (const std::exception&) {
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int main() {
+  const auto h200 = *cu::device_from_name("sm_90");
+  check(h200.major == 9 && h200.minor == 0 && h200.sm_count == 132, "sm_90");
+  check(cu::device_from_name("sm_90a")->sm_count == 132, "sm_90a");
+  const auto gb10 = cu::device_from_name("sm_121");
+  check(gb10 && gb10->major == 12 && gb10->minor == 1, "sm_121");
+  check(!cu::device_from_name("gfx90a") && !cu::device_from_name("sm_9"),
+        "other names");
+  check(throws([&] {
+          cu::plan(problem(Mode::mxfp4, true, 1, 64, 64), {7, 5, 40},
+                   cu::KernelRequest::automatic);
+        }),
+        "sm_75 is refused");
+
+  // Decode: all 448 row blocks fill the GPU without split K.
+  auto big = cu::plan(problem(Mode::mxfp4, true, 1, 14336, 4096), h200,
+                      cu::KernelRequest::automatic);
+  check(big.path == cu::KernelPath::qmv, "14336x4096 qmv");
+  check(big.main.kernel == "fpqmm_qmv_e2m1_e8m0_bfloat16_x8", big.main.kernel);
+  check(big.main.grid == std::array<int, 3>{448, 1, 1}, "14336 grid");
+  check(big.main.block == std::array<int, 3>{128, 1, 1}, "block");
+  check(big.split_k == 1 && !big.reduction && big.partials_bytes == 0,
+        "no split");
+  // 128 row blocks: split K, partial sums and their reduction.
+  auto small = cu::plan(problem(Mode::mxfp4, true, 1, 4096, 4096), h200,
+                        cu::KernelRequest::automatic);
+  check(small.split_k >= 2 && small.split_k_step % 128 == 0 &&
+            small.split_k_step * (small.split_k - 1) < 4096 &&
+            small.split_k_step * small.split_k >= 4096,
+        "4096 split " + std::to_string(small.split_k));
+  check(small.partials_bytes == int64_t(small.split_k) * 4096 * 4,
+        "partials bytes");
+  check(small.reduction &&
+            small.reduction->kernel == "fpqmm_split_k_sum_bfloat16",
+        "reduction");
+  check(small.main.grid[1] == small.split_k, "splits on grid y");
+  // x rows: 9..16 take two x blocks, more the simple path.
+  auto m12 = cu::plan(problem(Mode::nvfp4, true, 12, 14336, 4096), h200,
+                      cu::KernelRequest::automatic);
+  check(m12.main.kernel == "fpqmm_qmv_e2m1_e4m3_bfloat16_x16", m12.main.kernel);
+  auto m40 = cu::plan(problem(Mode::mxfp8, true, 40, 14336, 4096), h200,
+                      cu::KernelRequest::automatic);
+  check(m40.path == cu::KernelPath::simple && m40.main.grid[1] == 3,
+        "M=40 simple over 3 x blocks");
+  check(m40.main.shared_bytes > 48 * 1024 &&
+            m40.note.find("opt-in") != std::string::npos,
+        "fp8 shared memory is opt-in");
+  // x @ W.
+  auto qvm = cu::plan(problem(Mode::fp4, false, 1, 4096, 14336), h200,
+                      cu::KernelRequest::automatic);
+  check(qvm.path == cu::KernelPath::qvm &&
+            qvm.main.kernel == "fpqmm_qvm_e2m1_float16_bfloat16" &&
+            qvm.main.grid[0] == 16,
+        qvm.main.kernel);
+  check(qvm.split_k > 1 && qvm.split_k_step % 256 == 0, "qvm split");
+  // Requests.
+  auto simple = cu::plan(problem(Mode::mxfp4, true, 1, 14336, 4096), h200,
+                         cu::KernelRequest::simple);
+  check(simple.path == cu::KernelPath::simple &&
+            simple.main.kernel.ends_with("_x16"),
+        "simple requested");
+  auto decode = cu::plan(problem(Mode::mxfp4, false, 64, 4096, 4096), h200,
+                         cu::KernelRequest::decode);
+  check(decode.path == cu::KernelPath::qvm, "qmv requested for x @ W");
+  setenv("MLX_FPQMM_KERNEL", "simple", 1);
+  check(cu::kernel_request_from_env() == cu::KernelRequest::simple, "env");
+  setenv("MLX_FPQMM_KERNEL", "nax", 1);
+  check(throws([] { cu::kernel_request_from_env(); }), "bad env value");
+  unsetenv("MLX_FPQMM_KERNEL");
+  check(cu::kernel_request_from_env() == cu::KernelRequest::automatic,
+        "env unset");
+
+  // Batch axes contiguous in x, w and scales fold; a broadcast one does not.
+  auto batched = problem(Mode::mxfp4, true, 2, 256, 512);
+  batched.batch_shape = {2, 3};
+  batched.x_batch_strides = {3 * 2 * 512, 2 * 512};
+  batched.w_batch_strides = {3 * 256 * 64, 256 * 64};
+  batched.scales_batch_strides = {3 * 256 * 16, 256 * 16};
+  auto folded = cu::plan(batched, h200, cu::KernelRequest::automatic);
+  check(folded.batch_shape == std::vector<int>{6} && folded.batch_count == 6 &&
+            folded.main.grid[2] == 6,
+        "contiguous batch folds");
+  batched.w_batch_strides = {0, 256 * 64};
+  batched.scales_batch_strides = {0, 256 * 16};
+  auto broadcast = cu::plan(batched, h200, cu::KernelRequest::automatic);
+  check(broadcast.batch_shape == std::vector<int>({2, 3}) &&
+            broadcast.w_batch_strides == std::vector<int64_t>({0, 256 * 64}),
+        "broadcast w keeps its axes");
+  const auto args = cu::kernel_args(batched, broadcast);
+  check(args.batch_ndims == 2 && args.batch_shape[1] == 3 &&
+            args.w_batch_strides[0] == 0 && args.batch_count == 6 &&
+            args.M == 2 && args.N == 256 && args.K == 512 &&
+            args.group_size == 32,
+        "kernel_args");
+  auto deep = problem(Mode::mxfp4, true, 1, 64, 64);
+  deep.batch_shape.assign(8, 2);
+  deep.x_batch_strides.assign(8, 0);
+  deep.w_batch_strides = {0, 1, 0, 1, 0, 1, 0, 1};
+  deep.scales_batch_strides = deep.w_batch_strides;
+  check(throws([&] {
+          cu::plan(deep, h200, cu::KernelRequest::automatic);
+        }),
+        "too many batch axes");
+
+  // Gather: pairs on grid z, capped (the kernels loop past it).
+  auto gather = problem(Mode::mxfp4, true, 1, 2880, 2880);
+  gather.gather = true;
+  gather.batch_shape = {70000};
+  gather.x_matrices = 70000;
+  gather.w_matrices = 32;
+  auto pairs = cu::plan(gather, h200, cu::KernelRequest::automatic);
+  check(pairs.main.grid[2] == 65535 && pairs.batch_count == 70000,
+        "gather grid z");
+  check(cu::kernel_args(gather, pairs).w_matrices == 32, "gather args");
+
+  // Empty outputs plan without dividing by zero.
+  auto empty = cu::plan(problem(Mode::mxfp4, true, 1, 0, 64), h200,
+                        cu::KernelRequest::automatic);
+  check(empty.main.grid[0] == 0 && empty.split_k == 1, "N = 0");
+  auto no_rows = cu::plan(problem(Mode::mxfp4, false, 0, 256, 64), h200,
+                          cu::KernelRequest::automatic);
+  check(no_rows.main.grid[1] == 0, "M = 0");
+
+  std::printf("%d failures\n", failures);
+  return failures ? 1 : 0;
+}
