@@ -146,7 +146,7 @@ class QuantizedEmbedding(nn.QuantizedEmbedding):
         return _dequantize(
             self["weight"][x],
             self["scales"][x],
-            self.group_size,
+            group_size=self.group_size,
             mode=self.mode,
             global_scale=self.get("global_scale"),
         )

@@ -100,20 +100,23 @@ def _layer_tables() -> tuple[dict[Callable, Callable], dict[type, type]]:
 def quantize(
     model: nn.Module,
     group_size: int | None = None,
+    bits: int | None = None,
     *,
     mode: str = "mxfp4",
-    global_scale: bool = False,
+    quantize_input: bool = False,
     class_predicate: Callable[[str, nn.Module], bool | dict] | None = None,
+    global_scale: bool = False,
 ) -> None:
     """Quantize the sub-modules of a module according to a predicate, in place.
 
-    The model-level twin of :func:`mlx.nn.quantize` (:func:`mlx_fpqmm.quantize` is the
-    array-level twin of :func:`mlx.core.quantize`), with the same predicate contract:
+    The model-level twin of :func:`mlx.nn.quantize`, with its signature (plus
+    ``global_scale``; the default mode is ``"mxfp4"``) and its predicate contract:
     ``class_predicate(path, module)`` is called for every leaf module with its dotted
     path and returns ``False`` (leave it), ``True`` (quantize with ``group_size``,
-    ``mode`` and ``global_scale``) or a dict of ``to_quantized`` keyword arguments
-    (``group_size``, ``bits``, ``mode``, ``global_scale``; as in MLX, a dict without
-    ``mode`` means ``"affine"``).
+    ``bits``, ``mode``, ``quantize_input`` and ``global_scale``) or a dict of
+    ``to_quantized`` keyword arguments (``group_size``, ``bits``, ``mode``,
+    ``global_scale``, ...; as in MLX, a dict without ``mode`` means ``"affine"``).
+    (:func:`mlx_fpqmm.quantize` is the array-level twin of :func:`mlx.core.quantize`.)
 
     :obj:`mlx.nn.Linear` and :obj:`mlx.nn.Embedding` layers, mlx-lm's ``SwitchLinear``
     experts and ``MultiLinear`` attention heads (and subclasses that keep their
@@ -126,11 +129,15 @@ def quantize(
     Args:
         model (mlx.nn.Module): The model whose leaf modules may be quantized.
         group_size (Optional[int]): The group size. Default: ``None`` (the mode's).
+        bits (Optional[int]): The bits per element. In an fp mode it is the mode's, and
+            may only be given as that. Default: ``None`` (the mode's).
         mode (str): The quantization mode. Default: ``"mxfp4"``.
-        global_scale (bool): ``nvfp4`` only: give each layer a tensor scale.
-            Default: ``False``.
+        quantize_input (bool): Quantize the activations too (MLX's ``nn.QQLinear``, for
+            ``nvfp4`` and ``mxfp8`` ``nn.Linear`` layers; left to MLX). Default: ``False``.
         class_predicate (Optional[Callable]): Decides, per leaf module, whether and
             how to quantize it. Default: every module with a ``to_quantized`` method.
+        global_scale (bool): ``nvfp4`` only: give each layer a tensor scale.
+            Default: ``False``.
 
     Example:
         >>> import mlx.nn as nn
@@ -139,7 +146,7 @@ def quantize(
         >>> mlx_fpqmm.nn.quantize(model, mode="fp8")
     """
     if mode != "affine":
-        resolve_mode(mode, group_size, None)
+        resolve_mode(mode, group_size, bits)
     class_predicate = class_predicate or (lambda _, m: hasattr(m, "to_quantized"))
     from_float_layers, _ = _layer_tables()
 
@@ -148,7 +155,9 @@ def quantize(
         if not params:
             return m
         if isinstance(params, bool):
-            params = {"group_size": group_size, "mode": mode}
+            params = {"group_size": group_size, "bits": bits, "mode": mode}
+            if quantize_input:
+                params["quantize_input"] = True
             if global_scale:
                 params["global_scale"] = True
         elif isinstance(params, dict):

@@ -160,7 +160,7 @@ def dequantized(model: nn.Module, arch: str) -> nn.Module:
             mlx_fpqmm.dequantize(
                 matrices[e],
                 scales[e],
-                m.group_size,
+                group_size=m.group_size,
                 mode=m.mode,
                 global_scale=global_scale
                 if global_scale is None or global_scale.ndim == 0

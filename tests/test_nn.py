@@ -99,7 +99,7 @@ def test_package_exports():
 
 
 def signature_pairs():
-    """(ours, MLX's or mlx-lm's) for every constructor of our layers."""
+    """(ours, MLX's or mlx-lm's) for every constructor of our layers, and nn.quantize."""
     fnn = mlx_fpqmm.nn
     pairs = [
         (QuantizedLinear.__init__, nn.QuantizedLinear.__init__),
@@ -110,6 +110,7 @@ def signature_pairs():
         (fnn.QuantizedSwitchLinear.from_switch_linear, SwitchLinear.to_quantized),
         (fnn.QuantizedMultiLinear.__init__, mla.QuantizedMultiLinear.__init__),
         (fnn.QuantizedMultiLinear.from_multi_linear, mla.MultiLinear.to_quantized),
+        (quantize, nn.quantize),
     ]
     for name in ("QuantizedAllToShardedLinear", "QuantizedShardedToAllLinear"):
         ours, theirs = getattr(fnn, name), getattr(nn, name)
@@ -121,11 +122,11 @@ def signature_pairs():
 
 
 @pytest.mark.parametrize("ours, theirs", signature_pairs(), ids=lambda f: f.__qualname__)
-def test_signatures_follow_the_parent_layers(ours, theirs):
+def test_signatures_follow_mlx(ours, theirs):
     """Every call of MLX's (or mlx-lm's) layer works on ours: the same positional
     parameters in the same order, the same keyword-only ones; ours' extras (such as
     ``global_scale`` where the parent has none) are keyword-only. The first parameter
-    (self, cls's argument, the float layer) is left out."""
+    (self, cls's argument, the float layer, the model) is left out."""
     mine = list(inspect.signature(ours).parameters.values())[1:]
     parent = list(inspect.signature(theirs).parameters.values())[1:]
     positional = [p for p in parent if p.kind is p.POSITIONAL_OR_KEYWORD]
@@ -313,6 +314,23 @@ def test_quantize_defaults_and_errors():
         assert type(experts.layers[0]) is mlx_fpqmm.nn.QuantizedSwitchLinear
         assert isinstance(experts.layers[0], QuantizedSwitchLinear)
     assert experts.layers[0].global_scale.shape == (4,)
+
+
+def test_quantize_takes_mlx_s_arguments():
+    """bits and quantize_input as nn.quantize takes them: bits checked against an fp mode
+    and passed to affine, quantize_input left to MLX (its QQLinear)."""
+    eights = nn.Sequential(nn.Linear(64, 32))
+    quantize(eights, None, 8, mode="mxfp8")
+    assert type(eights.layers[0]) is QuantizedLinear and eights.layers[0].bits == 8
+    with pytest.raises(ValueError, match="bits=4 was given"):
+        quantize(nn.Sequential(nn.Linear(64, 32)), bits=4, mode="mxfp8")
+    affine = nn.Sequential(nn.Linear(64, 32))
+    quantize(affine, 32, 8, mode="affine")
+    assert type(affine.layers[0]) is nn.QuantizedLinear
+    assert (affine.layers[0].group_size, affine.layers[0].bits) == (32, 8)
+    activations = nn.Sequential(nn.Linear(64, 32, bias=False))
+    quantize(activations, mode="nvfp4", quantize_input=True)
+    assert type(activations.layers[0]) is nn.QQLinear
 
 
 def gaussian_weights(model: nn.Module) -> nn.Module:

@@ -93,7 +93,8 @@ CASES = {
         lambda: mlx_fpqmm.quantize(mx.zeros((4, 48)), mode="fp8"),
         r"last dimension of w \(48\) must be a multiple of group_size=32",
     ),
-    "quantize mode": (lambda: mlx_fpqmm.quantize(X, mode="affine"), "Invalid mode 'affine'"),
+    # (affine is MLX's: mlx_fpqmm.quantize takes mx.quantize's modes and its own)
+    "quantize mode": (lambda: mlx_fpqmm.quantize(X, mode="nope"), "Invalid mode 'nope'"),
     "dequantize dtype": (
         lambda: mlx_fpqmm.dequantize(WF, SF, mode="fp4", dtype=mx.int32),
         "dtype must be float32.*int32",

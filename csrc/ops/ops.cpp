@@ -532,11 +532,16 @@ mx::array dequantize_float_scales(
 std::vector<mx::array> quantize(
     const mx::array& w,
     std::optional<int> group_size,
+    std::optional<int> bits,
     const std::string& mode,
     const std::optional<mx::array>& global_scale,
     mx::StreamOrDevice s) {
+  if (mode == "affine") {
+    return mx::quantize(w, group_size, bits, mode, global_scale, s);
+  }
   constexpr std::string_view op = "quantize";
   const auto& format = resolve_format(op, mode, kAllModes);
+  check_biases_and_bits(op, format, std::nullopt, bits);
   int resolved_group_size = resolve_group_size(op, format, group_size);
   check_global_scale(op, format, global_scale);
   if (format.scales != ScaleKind::floating) {
@@ -550,13 +555,20 @@ std::vector<mx::array> quantize(
 mx::array dequantize(
     const mx::array& w,
     const mx::array& scales,
+    const std::optional<mx::array>& biases,
     std::optional<int> group_size,
+    std::optional<int> bits,
     const std::string& mode,
     const std::optional<mx::array>& global_scale,
     std::optional<mx::Dtype> dtype,
     mx::StreamOrDevice s) {
+  if (mode == "affine") {
+    return mx::dequantize(
+        w, scales, biases, group_size, bits, mode, global_scale, dtype, s);
+  }
   constexpr std::string_view op = "dequantize";
   const auto& format = resolve_format(op, mode, kAllModes);
+  check_biases_and_bits(op, format, biases, bits);
   int resolved_group_size = resolve_group_size(op, format, group_size);
   check_global_scale(op, format, global_scale);
   if (format.scales != ScaleKind::floating) {

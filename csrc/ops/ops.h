@@ -64,18 +64,23 @@ mx::array gather_qmm(
     bool sorted_indices = false,
     mx::StreamOrDevice s = {});
 
+// Same signatures as mx::quantize / mx::dequantize; the float-scale modes
+// (fp4, fp8) are ours, MLX's modes ("affine" included) are MLX's own ops.
 std::vector<mx::array> quantize(
     const mx::array& w,
-    std::optional<int> group_size,
-    const std::string& mode,
+    std::optional<int> group_size = std::nullopt,
+    std::optional<int> bits = std::nullopt,
+    const std::string& mode = "affine",
     const std::optional<mx::array>& global_scale = std::nullopt,
     mx::StreamOrDevice s = {});
 
 mx::array dequantize(
     const mx::array& w,
     const mx::array& scales,
-    std::optional<int> group_size,
-    const std::string& mode,
+    const std::optional<mx::array>& biases = std::nullopt,
+    std::optional<int> group_size = std::nullopt,
+    std::optional<int> bits = std::nullopt,
+    const std::string& mode = "affine",
     const std::optional<mx::array>& global_scale = std::nullopt,
     std::optional<mx::Dtype> dtype = std::nullopt,
     mx::StreamOrDevice s = {});

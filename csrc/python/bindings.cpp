@@ -243,37 +243,43 @@ NB_MODULE(_ext, m) {
       &mlx_fpqmm::quantize,
       nb::arg(),
       "group_size"_a = nb::none(),
+      "bits"_a = nb::none(),
+      "mode"_a = "affine",
       nb::kw_only(),
-      "mode"_a,
       "global_scale"_a = nb::none(),
       "stream"_a = nb::none(),
       nb::sig(
           "def quantize(w: mlx.core.array, /, group_size: typing.Optional[int] "
-          "= None, *, "
-          "mode: str, global_scale: typing.Optional[mlx.core.array] = None, "
+          "= None, bits: typing.Optional[int] = None, mode: str = 'affine', *, "
+          "global_scale: typing.Optional[mlx.core.array] = None, "
           "stream: typing.Union[None, mlx.core.Stream, mlx.core.Device] = "
           "None) -> list[mlx.core.array]"),
       R"pbdoc(
-        Quantize ``w`` along its last axis.
+        Drop-in replacement for ``mx.quantize``: quantize ``w`` along its
+        last axis.
 
-        For ``mxfp4``, ``nvfp4`` and ``mxfp8`` this is ``mx.quantize``. For
-        ``fp4`` and ``fp8`` each group's scale is ``max|w| / 6`` (fp4) or
-        ``max|w| / 448`` (fp8) in ``w``'s dtype and ``w / scale`` is rounded
-        to the nearest code, ties to even; a group holding a non-finite value
-        dequantizes to NaN.
+        MLX's modes (``affine``, ``mxfp4``, ``nvfp4``, ``mxfp8``) are
+        ``mx.quantize``. For ``fp4`` and ``fp8`` each group's scale is
+        ``max|w| / 6`` (fp4) or ``max|w| / 448`` (fp8) in ``w``'s dtype and
+        ``w / scale`` is rounded to the nearest code, ties to even; a group
+        holding a non-finite value dequantizes to NaN.
 
         Args:
             w (array): The float matrix to quantize along its last axis.
             group_size (int, optional): Elements per scale. Default: the
               mode's.
-            mode (str): ``"mxfp4"``, ``"nvfp4"``, ``"mxfp8"``, ``"fp4"`` or
-              ``"fp8"``.
+            bits (int, optional): Bits per element. In the fp modes it is
+              the mode's (4 or 8) and may only be given as that. Default:
+              the mode's.
+            mode (str, optional): ``"affine"``, ``"mxfp4"``, ``"nvfp4"``,
+              ``"mxfp8"``, ``"fp4"`` or ``"fp8"``. Default: ``"affine"``.
             global_scale (array, optional): ``nvfp4`` only: a float32 tensor
               scale, conventionally ``max|w|``; pass the same value to
               :func:`dequantize` and :func:`fp4_qmm`.
 
         Returns:
-            list(array): ``[w_q, scales]``.
+            list(array): ``[w_q, scales]`` (``affine``: ``[w_q, scales,
+            biases]``).
       )pbdoc");
 
   m.def(
@@ -281,23 +287,45 @@ NB_MODULE(_ext, m) {
       &mlx_fpqmm::dequantize,
       nb::arg(),
       "scales"_a,
+      "biases"_a = nb::none(),
       "group_size"_a = nb::none(),
-      nb::kw_only(),
-      "mode"_a,
+      "bits"_a = nb::none(),
+      "mode"_a = "affine",
       "global_scale"_a = nb::none(),
       "dtype"_a = nb::none(),
+      nb::kw_only(),
       "stream"_a = nb::none(),
       nb::sig(
           "def dequantize(w: mlx.core.array, /, scales: mlx.core.array, "
-          "group_size: typing.Optional[int] = None, *, mode: str, "
+          "biases: typing.Optional[mlx.core.array] = None, "
+          "group_size: typing.Optional[int] = None, "
+          "bits: typing.Optional[int] = None, mode: str = 'affine', "
           "global_scale: typing.Optional[mlx.core.array] = None, "
-          "dtype: typing.Optional[mlx.core.Dtype] = None, "
+          "dtype: typing.Optional[mlx.core.Dtype] = None, *, "
           "stream: typing.Union[None, mlx.core.Stream, mlx.core.Device] = "
           "None) -> mlx.core.array"),
       R"pbdoc(
-        Dequantize ``w`` produced by :func:`quantize`.
+        Drop-in replacement for ``mx.dequantize``: the inverse of
+        :func:`quantize`.
 
-        For MLX's modes this is ``mx.dequantize`` (default dtype bfloat16);
-        for ``fp4`` and ``fp8`` the default dtype is that of ``scales``.
+        MLX's modes are ``mx.dequantize`` (default dtype bfloat16 in the fp
+        modes); for ``fp4`` and ``fp8`` the default dtype is that of
+        ``scales``. In the fp modes ``biases`` must be ``None`` and
+        ``bits``, when given, the mode's.
+
+        Args:
+            w (array): The packed codes.
+            scales (array): Their group scales.
+            biases (array, optional): ``affine`` only. Default: ``None``.
+            group_size (int, optional): Default: the mode's.
+            bits (int, optional): Default: the mode's.
+            mode (str, optional): As for :func:`quantize`. Default:
+              ``"affine"``.
+            global_scale (array, optional): ``nvfp4`` only: the tensor scale
+              given to :func:`quantize`.
+            dtype (Dtype, optional): The result's dtype.
+
+        Returns:
+            array: The dequantized ``w``.
       )pbdoc");
 }
