@@ -44,6 +44,8 @@ import numpy as np
 
 import mlx_fpqmm
 
+from . import _bench_gpu
+
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
 ROWS = (1, 2, 4, 8, 16, 32, 128, 512)
 SMALL_M = 16  # rows up to this many are compared with M = 1 and cycle their weights
@@ -782,7 +784,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
     parser.add_argument("--plot", metavar="FILE.png", help="draw a roofline-style picture")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "gpu"),
+        default="gpu" if mx.cuda.is_available() else "cpu",
+        help="gpu: the GPU benchmark (MLX's CUDA build; see mlx_fpqmm._bench_gpu)",
+    )
+    _bench_gpu.add_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.device == "gpu" and not mx.cuda.is_available():
+        parser.error("--device gpu needs MLX's CUDA build and an NVIDIA GPU")
+    return args
 
 
 def ggml_setup(args: argparse.Namespace, out) -> dict[tuple, GgmlTimes] | None:
@@ -813,6 +825,18 @@ def ggml_setup(args: argparse.Namespace, out) -> dict[tuple, GgmlTimes] | None:
     return {}
 
 
+def gpu_defaults(args: argparse.Namespace, argv: list[str]) -> None:
+    """The GPU benchmark's defaults where the command line sets none."""
+    given = {a.split("=")[0] for a in argv if a.startswith("--")}
+    for option, value in (
+        ("--rows", list(_bench_gpu.ROWS)),
+        ("--modes", list(_bench_gpu.MODES)),
+        ("--dtypes", list(_bench_gpu.DTYPES)),
+    ):
+        if option not in given:
+            setattr(args, option[2:], value)
+
+
 def write_json(args: argparse.Namespace, document: dict) -> None:
     if args.json == "-":
         json.dump(document, sys.stdout, indent=1)
@@ -823,6 +847,10 @@ def write_json(args: argparse.Namespace, document: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.device == "gpu":
+        gpu_defaults(args, argv or sys.argv[1:])
+        write_json(args, _bench_gpu.main(args, sys.stderr if args.json == "-" else sys.stdout))
+        return
     mx.set_default_device(mx.cpu)
     threads = threads_used()
     progress = sys.stderr

@@ -4,9 +4,10 @@ The simulator (the ``metal_sim`` package, ``tools/metal_sim`` in mlx_fpqmm's
 source tree: ``pip install -e tools/metal_sim``) compiles the unmodified
 ``csrc/backend/metal/kernels/*.metal`` kernels for the CPU of an x86-64 Linux
 machine. The kernel sources ship inside the mlx_fpqmm package
-(``mlx_fpqmm/include``); an editable install uses the source checkout's ``csrc/``. Each call is planned by the same
-C++ code as the GPU evaluation (``kernel_path``), then dispatched with that
-plan's kernel, grid, threadgroup memory, function constants and buffers.
+(``mlx_fpqmm/include``); an editable install uses the source checkout's
+``csrc/``. Each call is planned by the same C++ code as the GPU evaluation
+(``kernel_path``), then dispatched with that plan's kernel, grid, threadgroup
+memory, function constants and buffers.
 """
 
 from __future__ import annotations
@@ -104,7 +105,9 @@ def library(name: str = "mlx_fpqmm"):
 def _build_library(name: str):
     from metal_sim import Library
 
-    return Library(kernel_sources(name), include_dirs=[KERNEL_ROOT], metal_version=LIBRARIES[name][1])
+    return Library(
+        kernel_sources(name), include_dirs=[KERNEL_ROOT], metal_version=LIBRARIES[name][1]
+    )
 
 
 @dataclass

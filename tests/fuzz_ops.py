@@ -8,12 +8,13 @@ kernel_path; about half the calls are a valid problem with at most one argument
 perturbed, so the kernels are reached too. Every call must either return (an
 array, which is evaluated; kernel_path's plan is not) or raise ValueError or
 TypeError; any other exception fails the run (exit status 1).
-quantized_matmul with mode "affine" is skipped: that is MLX's own op. The last
+Mode "affine" is skipped (but for kernel_path): the ops hand it to MLX. The last
 line printed is a dict of the number of calls per outcome ("ok", "ValueError",
 "TypeError").
 """
 
 import collections
+import os
 import sys
 
 import mlx.core as mx
@@ -23,7 +24,10 @@ from hypothesis import strategies as st
 
 import mlx_fpqmm
 
-mx.set_default_device(mx.cpu)
+# MLX_FPQMM_FUZZ_DEVICE=gpu runs the same calls on the GPU stream.
+mx.set_default_device(getattr(mx, os.environ.get("MLX_FPQMM_FUZZ_DEVICE", "cpu")))
+# MLX_FPQMM_FUZZ_TRACE=1 prints each call before it runs (a crash's is the last).
+TRACE = os.environ.get("MLX_FPQMM_FUZZ_TRACE") == "1"
 
 DTYPES = [mx.float32, mx.float16, mx.bfloat16, mx.float64, mx.int32, mx.uint8, mx.uint32, mx.bool_]
 MODES = ["mxfp4", "nvfp4", "mxfp8", "fp4", "fp8", "affine", "", "MXFP4", "fp16"]
@@ -37,13 +41,14 @@ def array(draw, shape_strategy=shapes):
     shape = draw(shape_strategy)
     dtype = draw(st.sampled_from(DTYPES))
     fill = draw(st.sampled_from([0.0, 1.0, np.nan, np.inf, -2.5]))
+    # Made on the CPU: the GPU has no float64 arrays to hand the ops.
     a = (
-        mx.full(shape, fill).astype(dtype)
+        mx.full(shape, fill, stream=mx.cpu).astype(dtype, stream=mx.cpu)
         if dtype != mx.uint32
-        else mx.full(shape, 0x12345678, mx.uint32)
+        else mx.full(shape, 0x12345678, mx.uint32, stream=mx.cpu)
     )
     if draw(st.booleans()) and a.ndim >= 2:
-        a = mx.swapaxes(a, -1, -2)
+        a = mx.swapaxes(a, -1, -2, stream=mx.cpu)
     return a
 
 
@@ -105,8 +110,11 @@ def calls(draw):
 @given(calls())
 def fuzz(call):
     name, args, kwargs = call
-    if name == "quantized_matmul" and kwargs["mode"] == "affine":
-        return  # MLX's own op, which crashes on some inputs (an empty x)
+    if kwargs["mode"] == "affine" and name != "kernel_path":
+        return  # MLX's own ops, which crash on some inputs (an empty x)
+    if TRACE:
+        described = [f"{a.shape}:{a.dtype}" for a in args]
+        print(name, described, kwargs, file=sys.stderr, flush=True)
     try:
         result = getattr(mlx_fpqmm, name)(*args, **kwargs)
         if name != "kernel_path":  # a plan, nothing to evaluate

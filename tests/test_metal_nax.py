@@ -1,5 +1,6 @@
-"""The NAX kernels (csrc/backend/metal/kernels/nax/, Metal 4 matmul2d on cooperative tensors) through the
-simulator, planned for a generation-17 GPU on macOS 26.2 exactly as eval_gpu plans them."""
+"""The NAX kernels (csrc/backend/metal/kernels/nax/, Metal 4 matmul2d on cooperative
+tensors) through the simulator, planned for a generation-17 GPU on macOS 26.2 exactly
+as eval_gpu plans them."""
 
 import math
 

@@ -1,6 +1,6 @@
-// Python bindings of the Metal plan: kernel_path() for users, and the
-// private _metal_plan() / _metal_choose_path() behind mlx_fpqmm.testing and
-// the tests.
+// Python bindings of the GPU plans: kernel_path() for users (the Metal plan
+// or the CUDA plan, by device), and the private _metal_plan() /
+// _metal_choose_path() behind mlx_fpqmm.testing and the tests.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -14,11 +14,13 @@
 #include "mlx/ops.h"
 #include "mlx/transforms.h"
 
-#include "python/kernel_path.h"
-#include "backend/metal/plan.h"
 #include "backend/common/problem.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/plan.h"
+#include "backend/metal/plan.h"
 #include "ops/ops.h"
 #include "primitives/primitives.h"
+#include "python/kernel_path.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -213,6 +215,93 @@ mx::array gather_node(
       mx::Device::cpu);
 }
 
+// "cuda" (this machine's NVIDIA GPU) or a compute capability ("sm_90");
+// nothing for a name of neither kind.
+std::optional<cuda::CudaDevice> cuda_device_named(
+    const std::optional<std::string>& name) {
+  if (!name) {
+    return cuda::running_device();
+  }
+  if (*name == "cuda") {
+    auto here = cuda::running_device();
+    if (!here) {
+      throw std::invalid_argument(
+          "device='cuda' but this build of mlx_fpqmm sees no CUDA GPU; name a "
+          "compute capability instead, e.g. device='sm_90'.");
+    }
+    return here;
+  }
+  return cuda::device_from_name(*name);
+}
+
+nb::tuple triple(const std::array<int, 3>& v) {
+  return nb::make_tuple(v[0], v[1], v[2]);
+}
+
+nb::dict launch_dict(const cuda::Launch& launch) {
+  nb::dict result;
+  result["kernel"] = launch.kernel;
+  result["grid"] = triple(launch.grid);
+  result["block"] = triple(launch.block);
+  result["shared_bytes"] = launch.shared_bytes;
+  return result;
+}
+
+nb::dict cuda_plan_dict(
+    const QmmProblem& problem,
+    const cuda::CudaDevice& device,
+    const std::optional<std::string>& kernel) {
+  auto request = cuda::kernel_request_from_env();
+  if (kernel) {
+    auto named = cuda::kernel_request_from_name(*kernel);
+    if (!named) {
+      throw std::invalid_argument(
+          "kernel='" + *kernel + "' is not one of 'auto', 'qmv', 'simple'.");
+    }
+    request = *named;
+  }
+  auto plan = cuda::plan(problem, device, request);
+  nb::dict result;
+  result["backend"] = "cuda";
+  result["device"] = "sm_" + std::to_string(device.major) +
+      std::to_string(device.minor);
+  result["sm_count"] = device.sm_count;
+  result["path"] = std::string(cuda::path_name(plan.path));
+  result["requested"] = std::string(cuda::request_name(plan.requested));
+  result["note"] = plan.note;
+  result["kernel"] = plan.main.kernel;
+  result["grid"] = triple(plan.main.grid);
+  result["block"] = triple(plan.main.block);
+  result["shared_bytes"] = plan.main.shared_bytes;
+  result["split_k"] = plan.split_k;
+  result["partials_bytes"] = plan.partials_bytes;
+  result["reduction"] =
+      plan.reduction ? nb::object(launch_dict(*plan.reduction)) : nb::none();
+  result["batch_count"] = plan.batch_count;
+  return result;
+}
+
+nb::dict metal_plan_dict(
+    const QmmProblem& problem,
+    const std::optional<std::string>& device,
+    const std::optional<std::string>& macos,
+    const std::optional<std::string>& kernel,
+    std::optional<bool> nax_kernels_built) {
+  // By default: on a Mac, whether this build installed the NAX library;
+  // elsewhere the device is hypothetical, built with an SDK that has Metal 4.
+  if (!nax_kernels_built) {
+    nax_kernels_built =
+        running_macos_version().first == 0 || nax_library_installed();
+  }
+  auto result = plan_dict(plan(
+      problem,
+      device_description(device, macos),
+      request_from(kernel),
+      *nax_kernels_built));
+  result["backend"] = "metal";
+  return result;
+}
+
 nb::dict plan_call(
     const mx::array& x,
     const mx::array& w,
@@ -279,17 +368,17 @@ nb::dict plan_call(
         primitive_transpose,
         with_operands);
   }
-  // By default: on a Mac, whether this build installed the NAX library;
-  // elsewhere the device is hypothetical, built with an SDK that has Metal 4.
-  if (!nax_kernels_built) {
-    nax_kernels_built =
-        running_macos_version().first == 0 || nax_library_installed();
+  nb::dict result;
+  std::optional<cuda::CudaDevice> cuda_device;
+  if (running_macos_version().first == 0) {
+    cuda_device = cuda_device_named(device);
   }
-  auto result = plan_dict(plan(
-      problem,
-      device_description(device, macos),
-      request_from(kernel),
-      *nax_kernels_built));
+  if (cuda_device) {
+    result = cuda_plan_dict(problem, *cuda_device, kernel);
+  } else {
+    result = metal_plan_dict(
+        problem, device, macos, kernel, nax_kernels_built);
+  }
   nb::list output_shape;
   for (int size : node.shape()) {
     output_shape.append(size);

@@ -183,34 +183,4 @@ void FpGatherQuantizedMatmul::eval_gpu(
 
 }  // namespace mlx_fpqmm
 
-#else  // no Metal in this build
-
-namespace mlx_fpqmm {
-
-namespace {
-
-[[noreturn]] void no_metal_kernels(const std::string& primitive) {
-  throw std::runtime_error(
-      "[" + primitive +
-      "] This build of mlx_fpqmm has no Metal kernels"
-#ifdef MLX_FPQMM_NO_METAL_KERNELS
-      " (it was built with MLX_FPQMM_METAL=OFF)"
-#endif
-      "; run the op on the CPU with stream=mx.cpu (or "
-      "mx.set_default_device(mx.cpu)).");
-}
-
-}  // namespace
-
-void FpQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  no_metal_kernels(name());
-}
-
-void FpGatherQuantizedMatmul::eval_gpu(
-    const std::vector<mx::array>&, mx::array&) {
-  no_metal_kernels(name());
-}
-
-}  // namespace mlx_fpqmm
-
 #endif

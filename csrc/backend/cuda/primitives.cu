@@ -1,0 +1,196 @@
+// FpQuantizedMatmul and FpGatherQuantizedMatmul on NVIDIA GPUs: carry out the
+// plan of backend/cuda/plan.h with the kernels of backend/cuda/kernels/,
+// recorded on the stream's command encoder as MLX's own CUDA ops are (no
+// launch of ours, no synchronisation, no host read of device data).
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cuda/cuda.h"
+#include "mlx/backend/cuda/device.h"
+#include "mlx/backend/cuda/utils.h"
+
+#include "backend/common/problem.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/plan.h"
+#include "backend/cuda/table.h"
+#include "primitives/primitives.h"
+
+namespace mlx_fpqmm {
+
+namespace fc = fpqmm::cuda;
+
+namespace {
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(
+        std::string("[mlx_fpqmm::cuda] ") + what + ": " +
+        cudaGetErrorString(status));
+  }
+}
+
+cuda::CudaDevice device_of(mx::cu::Device& d) {
+  static std::mutex mutex;
+  static std::unordered_map<int, int> sm_counts;
+  std::lock_guard lock(mutex);
+  auto [it, fresh] = sm_counts.try_emplace(d.cuda_device(), 0);
+  if (fresh) {
+    check(
+        cudaDeviceGetAttribute(
+            &it->second, cudaDevAttrMultiProcessorCount, d.cuda_device()),
+        "cudaDeviceGetAttribute");
+  }
+  return {
+      d.compute_capability_major(), d.compute_capability_minor(), it->second};
+}
+
+// libmlx.so links its own (static) CUDA runtime, which does not know this
+// module's kernels: the encoder gets them as driver functions, looked up
+// once per kernel and device by this module's runtime.
+CUfunction driver_function(
+    mx::cu::Device& d,
+    const void* kernel,
+    int shared_bytes) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, std::unordered_map<int, CUfunction>>
+      functions;
+  std::lock_guard lock(mutex);
+  auto& per_device = functions[kernel];
+  auto it = per_device.find(d.cuda_device());
+  if (it == per_device.end()) {
+    d.make_current();
+    cudaFunction_t f;
+    check(cudaGetFuncBySymbol(&f, kernel), "cudaGetFuncBySymbol");
+    it = per_device.emplace(d.cuda_device(), reinterpret_cast<CUfunction>(f))
+             .first;
+  }
+  if (shared_bytes > fc::kDefaultSharedLimit) {
+    check(
+        cudaFuncSetAttribute(
+            kernel,
+            cudaFuncAttributeMaxDynamicSharedMemorySize,
+            shared_bytes),
+        "cudaFuncSetAttribute");
+  }
+  return it->second;
+}
+
+void add_launch(
+    mx::cu::CommandEncoder& encoder,
+    const cuda::Launch& launch,
+    const void* kernel,
+    fc::QmmArgs args) {
+  // The encoder copies the arguments through non-const pointers.
+  auto f = driver_function(encoder.device(), kernel, launch.shared_bytes);
+  encoder.add_kernel_node_ex(
+      f,
+      dim3(launch.grid[0], launch.grid[1], launch.grid[2]),
+      dim3(launch.block[0], launch.block[1], launch.block[2]),
+      dim3(),
+      static_cast<uint32_t>(launch.shared_bytes),
+      args);
+}
+
+// Records `problem` on the stream: `inputs` in the order of `names`, the
+// pointers set by `bind` into the kernel arguments.
+template <typename Bind>
+void run(
+    mx::Stream s,
+    const QmmProblem& problem,
+    const std::vector<mx::array>& inputs,
+    mx::array& out,
+    Bind&& bind) {
+  auto& encoder = mx::cu::get_command_encoder(s);
+  auto plan = cuda::plan(
+      problem, device_of(encoder.device()), cuda::kernel_request_from_env());
+  auto args = cuda::kernel_args(problem, plan);
+  bind(args);
+  args.y = mx::gpu_ptr<void>(out);
+  for (const auto& a : inputs) {
+    encoder.set_input_array(a);
+  }
+  const void* main = fc::main_kernel(plan.key);
+  if (!plan.reduction) {
+    encoder.set_output_array(out);
+    add_launch(encoder, plan.main, main, args);
+    return;
+  }
+  mx::array partials(
+      {static_cast<int>(plan.partials_bytes / sizeof(float))},
+      mx::float32,
+      nullptr,
+      {});
+  partials.set_data(mx::allocator::malloc(partials.nbytes()));
+  encoder.add_temporary(partials);
+  args.partials = mx::gpu_ptr<float>(partials);
+  encoder.set_output_array(partials);
+  add_launch(encoder, plan.main, main, args);
+  encoder.set_input_array(partials);
+  encoder.set_output_array(out);
+  add_launch(
+      encoder, *plan.reduction, fc::split_k_sum_kernel(problem.x_type), args);
+}
+
+}  // namespace
+
+std::optional<cuda::CudaDevice> cuda::running_device() {
+  if (!mx::cu::is_available()) {
+    return std::nullopt;
+  }
+  auto stream = mx::default_stream(mx::Device::gpu);
+  return device_of(mx::cu::device(stream.device));
+}
+
+void FpQuantizedMatmul::eval_gpu(
+    const std::vector<mx::array>& inputs,
+    mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) {
+    return;
+  }
+  check_readable_in_place(inputs);
+  auto problem = describe_problem(
+      inputs, out.shape(), mode_, group_size_, transpose_, true);
+  run(stream(), problem, inputs, out, [&](fc::QmmArgs& args) {
+    args.w = mx::gpu_ptr<uint32_t>(input(inputs, Input::w));
+    args.scales = mx::gpu_ptr<void>(input(inputs, Input::scales));
+    args.x = mx::gpu_ptr<void>(input(inputs, Input::x));
+    if (has_global_scale(inputs)) {
+      args.global_scale =
+          mx::gpu_ptr<float>(input(inputs, Input::global_scale));
+    }
+  });
+}
+
+void FpGatherQuantizedMatmul::eval_gpu(
+    const std::vector<mx::array>& inputs,
+    mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) {
+    return;
+  }
+  auto problem = describe_gather_problem(
+      inputs, out.shape(), mode_, group_size_, transpose_, right_sorted_);
+  run(stream(), problem, inputs, out, [&](fc::QmmArgs& args) {
+    args.w = mx::gpu_ptr<uint32_t>(input(inputs, GatherInput::w));
+    args.scales = mx::gpu_ptr<void>(input(inputs, GatherInput::scales));
+    args.x = mx::gpu_ptr<void>(input(inputs, GatherInput::x));
+    args.lhs_indices =
+        mx::gpu_ptr<uint32_t>(input(inputs, GatherInput::lhs_indices));
+    args.rhs_indices =
+        mx::gpu_ptr<uint32_t>(input(inputs, GatherInput::rhs_indices));
+    if (has_expert_scales(inputs)) {
+      args.global_scale =
+          mx::gpu_ptr<float>(input(inputs, GatherInput::global_scale));
+    }
+  });
+}
+
+}  // namespace mlx_fpqmm

@@ -1,0 +1,101 @@
+"""Decoding speed of a Llama-3-8B-shaped model with random weights: bfloat16,
+MLX's own quantized model and the same model on mlx_fpqmm's layers, one run.
+
+    python examples/decode_speed.py [--modes mxfp4,mxfp8,nvfp4] [--tokens 128]
+
+For each mode the bfloat16 model (the same seed every time, so the same
+weights) is quantized by ``mlx.nn.quantize`` (MLX's kernels) and then converted
+with ``mlx_fpqmm.convert`` (ours: the arrays are shared, nothing is requantized).
+Each model generates greedily from the same random prompt with mlx-lm; the line
+printed per model gives decode tokens per second (the tokens after the first,
+over their time) and, for ours, how many leading tokens equal MLX's own model's
+(random weights leave near-ties, so a long common prefix is the check).
+Meant for a GPU; on a CPU use ``--layers 2`` to try it.
+"""
+
+import argparse
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.generate import generate_step
+from mlx_lm.models import llama
+
+import mlx_fpqmm
+
+LLAMA_3_8B = dict(
+    model_type="llama",
+    hidden_size=4096,
+    num_hidden_layers=32,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    rms_norm_eps=1e-5,
+    vocab_size=128256,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+)
+
+
+def random_model(layers: int) -> nn.Module:
+    mx.random.seed(0)
+    model = llama.Model(llama.ModelArgs.from_dict({**LLAMA_3_8B, "num_hidden_layers": layers}))
+    model.set_dtype(mx.bfloat16)
+    mx.eval(model.parameters())
+    return model
+
+
+def decode(model: nn.Module, prompt: mx.array, tokens: int) -> tuple[list[int], float]:
+    """Greedy tokens and decode tokens per second (after the first token)."""
+    out, start = [], 0.0
+    for token, _ in generate_step(prompt, model, max_tokens=tokens):
+        out.append(int(token))
+        if len(out) == 1:
+            start = time.perf_counter()
+    return out, (len(out) - 1) / (time.perf_counter() - start)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    return sum(v.nbytes for _, v in nn.utils.tree_flatten(model.parameters()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default="mxfp4,mxfp8,nvfp4")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=LLAMA_3_8B["num_hidden_layers"])
+    args = parser.parse_args()
+    prompt = mx.random.randint(0, LLAMA_3_8B["vocab_size"], (16,), key=mx.random.key(1))
+    print(
+        f"{time.strftime('%Y-%m-%d')} {mx.device_info().get('device_name', mx.default_device())}"
+        f", mlx {mx.__version__}: Llama-3-8B shapes ({args.layers} layers), random weights, "
+        f"greedy, {args.tokens} tokens from a 16-token prompt"
+    )
+    model = random_model(args.layers)
+    decode(model, prompt, 8)  # warm-up
+    _, rate = decode(model, prompt, args.tokens)
+    print(f"{'bfloat16':>8} {'':>10} {weight_bytes(model) / 1e9:6.2f} GB {rate:8.1f} tokens/s")
+    del model
+    for mode in args.modes.split(","):
+        model = random_model(args.layers)
+        nn.quantize(model, mode=mode)
+        mx.eval(model.parameters())
+        size = weight_bytes(model) / 1e9
+        decode(model, prompt, 8)
+        theirs, rate = decode(model, prompt, args.tokens)
+        print(f"{mode:>8} {'MLX':>10} {size:6.2f} GB {rate:8.1f} tokens/s")
+        report = mlx_fpqmm.convert(model)
+        decode(model, prompt, 8)
+        ours, rate = decode(model, prompt, args.tokens)
+        prefix = next(
+            i for i, (a, b) in enumerate(zip([*ours, None], [*theirs, -1], strict=True)) if a != b
+        )
+        print(
+            f"{mode:>8} {'mlx_fpqmm':>10} {size:6.2f} GB {rate:8.1f} tokens/s  "
+            f"({prefix}/{len(ours)} leading tokens equal MLX's; {report})"
+        )
+        del model
+
+
+if __name__ == "__main__":
+    main()

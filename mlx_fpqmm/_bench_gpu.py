@@ -1,0 +1,340 @@
+"""GPU benchmark: mlx_fpqmm against MLX's own kernels and dense bfloat16, one run.
+
+``python -m mlx_fpqmm.bench --device gpu`` (the default where MLX sees a CUDA
+GPU) times, per shape, mode, dtype and M, our op, ``mx.quantized_matmul`` on
+the GPU (MLX's modes) and the dense product ``x @ w.T`` in bfloat16, beside the
+GPU's read bandwidth measured in the same run (``mx.sum`` over 4 GiB).
+
+Launch overhead is amortised as a model amortises it: each measurement
+evaluates one graph of R products over R distinct copies of the weights,
+together larger than the GPU's cache (``--graph-bytes``, 1 GB by default, far
+beyond an H200's 60 MB L2), so every product reads its weights from memory;
+the time per product is the graph's time over R, the median of ``--reps``
+graphs.
+
+``--moe`` times ``gather_qmm`` (32 experts of 2880 x 2880, top 4 by default)
+against ``mx.gather_qmm``, fresh routing for every product, in both of
+mlx-lm's layouts: x (T, 1, 1, K) with indices (T, top_k), and the sorted
+layout x (pairs, 1, K) with sorted indices (pairs,).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import mlx.core as mx
+import numpy as np
+
+import mlx_fpqmm
+
+from ._formats import MLX_MODES, qmm_for_mode
+
+SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
+ROWS = (1, 8, 16)
+MODES = ("mxfp4", "nvfp4", "mxfp8", "fp4", "fp8")
+DTYPES = ("bfloat16", "float16", "float32")
+MOE_TOKENS = (1, 8)
+
+
+@dataclass
+class Timing:
+    """Seconds per product: the median and best of the timed graphs."""
+
+    median: float
+    best: float
+
+    def us(self) -> str:
+        return f"{self.median * 1e6:.1f}"
+
+
+def time_graph(products: Sequence[Callable[[], mx.array]], reps: int) -> Timing:
+    """The time per product of evaluating all of ``products`` as one graph."""
+    mx.eval([p() for p in products])  # warm-up: compiles, fills the allocator's cache
+    mx.synchronize()
+    times = []
+    for _ in range(reps):
+        outputs = [p() for p in products]
+        mx.synchronize()
+        start = time.perf_counter()
+        mx.eval(outputs)
+        mx.synchronize()
+        times.append((time.perf_counter() - start) / len(products))
+        del outputs
+    return Timing(statistics.median(times), min(times))
+
+
+def read_bandwidth(reps: int) -> float:
+    """Bytes per second of a full read of 4 GiB (``mx.sum``), the best of ``reps``."""
+    a = mx.ones((1 << 30,), dtype=mx.float32)
+    mx.eval(a)
+    best = float("inf")
+    for _ in range(reps):
+        mx.synchronize()
+        start = time.perf_counter()
+        mx.eval(mx.sum(a))
+        mx.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return a.nbytes / best
+
+
+def copies(array: mx.array, count: int) -> list[mx.array]:
+    """``count`` arrays equal to ``array``, each in memory of its own."""
+    result = [array] + [array + mx.array(0, dtype=array.dtype) for _ in range(count - 1)]
+    mx.eval(result)
+    return result
+
+
+def count_for(bytes_each: int, graph_bytes: int) -> int:
+    return max(2, -(-int(graph_bytes) // bytes_each))
+
+
+@dataclass
+class Row:
+    M: int
+    N: int
+    K: int
+    mode: str
+    dtype: str
+    weight_bytes: int
+    ours: Timing
+    mlx: Timing | None
+    dense: Timing | None
+
+    def rate(self) -> float:
+        return self.weight_bytes / self.ours.median
+
+
+def quantized_weights(N: int, K: int, mode: str) -> tuple[mx.array, mx.array]:
+    w = mx.random.normal((N, K), dtype=mx.bfloat16) * 0.02
+    return mlx_fpqmm.quantize(w, mode=mode)
+
+
+def bench_row(M: int, N: int, K: int, mode: str, dtype_name: str, args: argparse.Namespace) -> Row:
+    dtype = getattr(mx, dtype_name)
+    x = (mx.random.normal((M, K)) * 0.5).astype(dtype)
+    w_q, scales = quantized_weights(N, K, mode)
+    weight_bytes = w_q.nbytes + scales.nbytes
+    count = count_for(weight_bytes, args.graph_bytes)
+    pairs = list(zip(copies(w_q, count), copies(scales, count), strict=True))
+    op = qmm_for_mode(mode)
+    ours = time_graph([lambda w=w, s=s: op(x, w, s, mode=mode) for w, s in pairs], args.reps)
+    mlx = None
+    if mode in MLX_MODES and args.vs_mlx:
+        mlx = time_graph(
+            [lambda w=w, s=s: mx.quantized_matmul(x, w, s, mode=mode) for w, s in pairs],
+            args.reps,
+        )
+    del pairs
+    dense = None
+    if args.vs_dense and dtype_name == "bfloat16":
+        w = mx.random.normal((N, K), dtype=mx.bfloat16)
+        dense_copies = copies(w, count_for(w.nbytes, args.graph_bytes))
+        dense = time_graph([lambda w=w: x @ w.T for w in dense_copies], args.reps)
+        del dense_copies
+    return Row(M, N, K, mode, dtype_name, weight_bytes, ours, mlx, dense)
+
+
+def header() -> str:
+    return (
+        f"{'M':>4} {'N x K':>12} {'mode':>6} {'dtype':>9} | {'ours us':>8} {'TB/s':>5} "
+        f"{'of bw':>6} {'t/t1':>5} | {'mx.qmm us':>9} {'x':>5} | {'dense us':>8} {'x':>5}"
+    )
+
+
+def format_row(row: Row, bandwidth: float, single: Row | None) -> str:
+    rate = row.rate()
+    t1 = f"{row.ours.median / single.ours.median:.2f}" if single else "-"
+    mlx = row.mlx.us() if row.mlx else "-"
+    vs_mlx = f"{row.mlx.median / row.ours.median:.1f}" if row.mlx else "-"
+    dense = row.dense.us() if row.dense else "-"
+    vs_dense = f"{row.dense.median / row.ours.median:.1f}" if row.dense else "-"
+    return (
+        f"{row.M:>4} {f'{row.N}x{row.K}':>12} {row.mode:>6} {row.dtype:>9} | "
+        f"{row.ours.us():>8} {rate / 1e12:>5.2f} {rate / bandwidth:>6.0%} {t1:>5} | "
+        f"{mlx:>9} {vs_mlx:>5} | {dense:>8} {vs_dense:>5}"
+    )
+
+
+@dataclass
+class MoeRow:
+    tokens: int
+    layout: str
+    mode: str
+    dtype: str
+    routed_bytes: float  # the distinct routed experts' weight bytes, on average
+    ours: Timing
+    mlx: Timing | None
+
+    def rate(self) -> float:
+        return self.routed_bytes / self.ours.median
+
+
+def routes(tokens: int, experts: int, top_k: int, count: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [np.argsort(rng.random((tokens, experts)), axis=1)[:, :top_k] for _ in range(count)]
+
+
+def gather_products(
+    qmm: Callable[..., mx.array],
+    x: mx.array,
+    cases: list[tuple[tuple[mx.array, mx.array], mx.array]],
+    mode: str,
+    is_sorted: bool,
+) -> list[Callable[[], mx.array]]:
+    """One product per weight copy and its routing."""
+    return [
+        lambda w=w, s=s, i=i: qmm(x, w, s, rhs_indices=i, mode=mode, sorted_indices=is_sorted)
+        for (w, s), i in cases
+    ]
+
+
+def bench_moe(tokens: int, mode: str, dtype_name: str, args: argparse.Namespace) -> list[MoeRow]:
+    experts, (N, K), top_k = args.experts, args.moe_shape, args.top_k
+    w = mx.random.normal((experts, N, K), dtype=mx.bfloat16) * 0.02
+    w_q, scales = mlx_fpqmm.quantize(w, mode=mode)
+    del w
+    expert_bytes = (w_q.nbytes + scales.nbytes) / experts
+    count = count_for(w_q.nbytes + scales.nbytes, args.graph_bytes)
+    weights = list(zip(copies(w_q, count), copies(scales, count), strict=True))
+    dtype = getattr(mx, dtype_name)
+    chosen = routes(tokens, experts, top_k, count, seed=tokens)
+    routed = statistics.mean(len(np.unique(r)) for r in chosen) * expert_bytes
+    rows = []
+    # mlx-lm's layouts: x (T, 1, 1, K) and indices (T, top_k); sorted, x (pairs, 1, K)
+    # and the sorted indices (pairs,).
+    x = (mx.random.normal((tokens, 1, 1, K)) * 0.5).astype(dtype)
+    flat = [np.sort(r.ravel()) for r in chosen]
+    layouts = {
+        "unsorted": (x, [mx.array(r.astype(np.uint32)) for r in chosen], False),
+        "sorted": (
+            (mx.random.normal((tokens * top_k, 1, K)) * 0.5).astype(dtype),
+            [mx.array(r.astype(np.uint32)) for r in flat],
+            True,
+        ),
+    }
+    for layout, (xs, indices, is_sorted) in layouts.items():
+        mx.eval(xs, indices)
+        cases = list(zip(weights, indices, strict=True))
+
+        ours = time_graph(
+            gather_products(mlx_fpqmm.gather_qmm, xs, cases, mode, is_sorted), args.reps
+        )
+        mlx = (
+            time_graph(gather_products(mx.gather_qmm, xs, cases, mode, is_sorted), args.reps)
+            if mode in MLX_MODES and args.vs_mlx
+            else None
+        )
+        rows.append(MoeRow(tokens, layout, mode, dtype_name, routed, ours, mlx))
+    return rows
+
+
+def moe_main(args: argparse.Namespace, bandwidth: float, out) -> list[MoeRow]:
+    N, K = args.moe_shape
+    print(
+        f"mixture of experts: {args.experts} experts of {N}x{K}, top {args.top_k}, "
+        "fresh routing per product",
+        file=out,
+    )
+    print(
+        f"{'tokens':>6} {'layout':>8} {'mode':>6} {'dtype':>9} | {'ours us':>8} "
+        f"{'TB/s':>5} {'of bw':>6} | {'mx.gather_qmm us':>16} {'x':>5}",
+        file=out,
+    )
+    rows = []
+    for mode in args.modes:
+        for dtype in args.dtypes:
+            for tokens in args.tokens:
+                for row in bench_moe(tokens, mode, dtype, args):
+                    rows.append(row)
+                    rate = row.rate()
+                    vs = f"{row.mlx.median / row.ours.median:.1f}" if row.mlx else "-"
+                    print(
+                        f"{tokens:>6} {row.layout:>8} {mode:>6} {dtype:>9} | "
+                        f"{row.ours.us():>8} {rate / 1e12:>5.2f} {rate / bandwidth:>6.0%} | "
+                        f"{row.mlx.us() if row.mlx else '-':>16} {vs:>5}",
+                        file=out,
+                        flush=True,
+                    )
+    print(
+        "TB/s: the routed experts' weight bytes (distinct experts per product) per second",
+        file=out,
+    )
+    return rows
+
+
+def main(args: argparse.Namespace, out) -> dict:
+    """Runs the GPU benchmark that ``args`` asks for; returns its JSON document."""
+    mx.set_default_device(mx.gpu)
+    bandwidth = read_bandwidth(args.reps)
+    info = mx.device_info()
+    print(
+        f"{time.strftime('%Y-%m-%d')}  {info.get('device_name', 'GPU')}, mlx {mx.__version__}; "
+        f"read bandwidth {bandwidth / 1e12:.2f} TB/s (mx.sum over 4 GiB, best of {args.reps}); "
+        f"per product: median of {args.reps} graphs over >= {args.graph_bytes / 1e9:.1f} GB "
+        "of weight copies",
+        file=out,
+    )
+    document = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "device": info.get("device_name", "GPU"),
+        "read_bandwidth": bandwidth,
+    }
+    if args.moe:
+        rows = moe_main(args, bandwidth, out)
+        document["moe"] = [asdict(r) for r in rows]
+        return document
+    print(header(), file=out)
+    rows, single = [], {}
+    for N, K in args.shapes:
+        for mode in args.modes:
+            for dtype in args.dtypes:
+                for M in sorted(args.rows):
+                    row = bench_row(M, N, K, mode, dtype, args)
+                    if M == 1:
+                        single[N, K, mode, dtype] = row
+                    rows.append(row)
+                    print(
+                        format_row(row, bandwidth, single.get((N, K, mode, dtype))),
+                        file=out,
+                        flush=True,
+                    )
+    print(
+        "TB/s, of bw: our weight bytes (codes and scales) per second and its share of the "
+        "read bandwidth; t/t1: time over the M = 1 time; x: speed-up of ours over "
+        "mx.quantized_matmul and over the dense bfloat16 x @ w.T",
+        file=out,
+    )
+    document["rows"] = [asdict(r) for r in rows]
+    return document
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The GPU benchmark's options (beside the shared --rows/--shapes/--modes/...)."""
+    parser.add_argument(
+        "--graph-bytes",
+        type=float,
+        default=1e9,
+        help="--device gpu: weight bytes each timed graph cycles through",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=lambda s: [int(v) for v in s.split(",")],
+        default=list(MOE_TOKENS),
+        help="--moe on the GPU: numbers of tokens",
+    )
+    parser.add_argument(
+        "--no-mlx",
+        dest="vs_mlx",
+        action="store_false",
+        help="--device gpu: leave out MLX's kernels",
+    )
+    parser.add_argument(
+        "--no-dense",
+        dest="vs_dense",
+        action="store_false",
+        help="--device gpu: leave out the dense bfloat16 product",
+    )

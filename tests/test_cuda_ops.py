@@ -1,0 +1,259 @@
+"""The ops on an NVIDIA GPU (MLX's CUDA backend) against the float64 reference
+of mx.dequantize and against our CPU path: every mode, dtype and orientation,
+odd shapes, batches and broadcasts, nvfp4's global scale, the gather product
+with random, sorted and out-of-range indices, empty shapes, large weights, bad
+input and memory over many calls. Skipped where MLX sees no CUDA GPU."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from reference import (
+    ALL_MODES,
+    DEFAULT_GROUP_SIZE,
+    TOLERANCE,
+    gather_reference,
+    qmm_reference,
+    quantized_experts,
+    relative_error,
+)
+
+import mlx_fpqmm
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        not mx.cuda.is_available(), reason="no CUDA GPU: MLX's CUDA build sees none"
+    ),
+]
+
+GPU = mx.gpu
+DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+DTYPE_NAMES = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}
+
+
+def quantized(mode, rows, cols, dtype=mx.float32):
+    w = mx.random.normal((rows, cols)).astype(dtype)
+    return mlx_fpqmm.quantize(w, mode=mode)
+
+
+def product(mode, x, w_q, scales, stream, **kwargs):
+    return mlx_fpqmm.qmm_for_mode(mode)(x, w_q, scales, mode=mode, stream=stream, **kwargs)
+
+
+def check(mode, x, w_q, scales, transpose=True, global_scale=None):
+    """Ours on the GPU against the float64 reference and against ours on the CPU."""
+    kwargs = {"transpose": transpose}
+    if global_scale is not None:
+        kwargs["global_scale"] = global_scale
+    y = product(mode, x, w_q, scales, GPU, **kwargs)
+    assert y.dtype == x.dtype
+    reference = qmm_reference(x, w_q, scales, mode, transpose, global_scale=global_scale)
+    assert relative_error(y, reference) < TOLERANCE[x.dtype]
+    on_cpu = product(mode, x, w_q, scales, mx.cpu, **kwargs)
+    assert (
+        relative_error(y, (np.array(on_cpu.astype(mx.float32)), reference[1])) < TOLERANCE[x.dtype]
+    )
+    return y
+
+
+# The decode rows (1-16), the first rows past them and a prefill size; N and K
+# not multiples of the kernels' tiles, K with whole groups only where the format
+# needs them (nvfp4: a multiple of 16, not of 32).
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
+@pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
+@pytest.mark.parametrize("M", [1, 3, 8, 16, 17, 100])
+def test_matches_reference(mode, dtype, transpose, M):
+    group_size = DEFAULT_GROUP_SIZE[mode]
+    free, quantized_axis = 200, 9 * group_size
+    N, K = (free, quantized_axis) if transpose else (quantized_axis, free)
+    w_q, scales = quantized(mode, *((N, K) if transpose else (K, N)))
+    x = mx.random.normal((M, K)).astype(dtype)
+    check(mode, x, w_q, scales, transpose)
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("shape", [(4096, 4096), (64, 14336), (14336, 512)], ids=str)
+@pytest.mark.parametrize("M", [1, 8])
+def test_model_shapes(mode, shape, M):
+    """The decode kernels' real sizes, split K among them (few rows, long K)."""
+    N, K = shape
+    w_q, scales = quantized(mode, N, K)
+    x = mx.random.normal((M, K)).astype(mx.bfloat16)
+    check(mode, x, w_q, scales)
+
+
+@pytest.mark.parametrize("mode", ["fp4", "fp8"])
+@pytest.mark.parametrize("scale_dtype", DTYPES, ids=DTYPE_NAMES.get)
+@pytest.mark.parametrize("group_size", [16, 64, 128])
+def test_float_scales(mode, scale_dtype, group_size):
+    w = mx.random.normal((96, 512)).astype(scale_dtype)
+    w_q, scales = mlx_fpqmm.quantize(w, group_size, mode=mode)
+    x = mx.random.normal((5, 512))
+    y = product(mode, x, w_q, scales, GPU, group_size=group_size)
+    reference = qmm_reference(x, w_q, scales, mode, group_size=group_size)
+    assert relative_error(y, reference) < TOLERANCE[mx.float32]
+
+
+@pytest.mark.parametrize("M", [1, 8, 64])
+def test_nvfp4_global_scale_is_read_by_the_kernel(M):
+    w = mx.random.normal((300, 256)) * 1e-3
+    global_scale = mx.abs(w).max()
+    w_q, scales = mx.quantize(w, mode="nvfp4", global_scale=global_scale)
+    x = mx.random.normal((M, 256))
+    check("nvfp4", x, w_q, scales, global_scale=global_scale)
+    plain = product("nvfp4", x, w_q, scales, GPU)
+    reference = qmm_reference(x, w_q, scales, "nvfp4", global_scale=global_scale)
+    assert relative_error(plain, reference) > 1.0
+
+
+@pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
+@pytest.mark.parametrize("w_batch", [(3,), (1,), (2, 3)], ids=str)
+def test_batched_and_broadcast_weights(transpose, w_batch):
+    mode, M, N, K = "mxfp4", 5, 96, 256
+    w = mx.random.normal((*w_batch, N, K) if transpose else (*w_batch, K, N))
+    w_q, scales = mlx_fpqmm.quantize(w, mode=mode)
+    x = mx.random.normal((2, 3, M, K))
+    y = product(mode, x, w_q, scales, GPU, transpose=transpose)
+    assert y.shape == (2, 3, M, N)
+    w_q_b = mx.broadcast_to(w_q, (2, 3, *w_q.shape[-2:]))
+    s_b = mx.broadcast_to(scales, (2, 3, *scales.shape[-2:]))
+    for i in range(2):
+        for j in range(3):
+            reference = qmm_reference(x[i, j], w_q_b[i, j], s_b[i, j], mode, transpose)
+            assert relative_error(y[i, j], reference) < TOLERANCE[mx.float32]
+
+
+@pytest.mark.parametrize("shape", [(0, 64, 64), (4, 0, 64), (4, 64, 0)], ids=str)
+@pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
+def test_empty_shapes(shape, transpose):
+    M, N, K = shape
+    rows, cols = (N, K) if transpose else (K, N)
+    w_q = mx.zeros((rows, cols // 8), dtype=mx.uint32)
+    scales = mx.full((rows, cols // 32), 127, dtype=mx.uint8)
+    y = mlx_fpqmm.fp4_qmm(mx.ones((M, K)), w_q, scales, transpose=transpose, stream=GPU)
+    assert y.shape == (M, N)
+    assert not np.array(y).any()
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
+@pytest.mark.parametrize("tokens", [1, 8, 40])
+def test_gather_random_routes(mode, transpose, tokens):
+    E, N, K, top_k = 8, 96, 256, 2
+    w_q, scales, _ = quantized_experts(mode, E, *((N, K) if transpose else (K, N)))
+    x = mx.random.normal((tokens, 1, 1, K)).astype(mx.bfloat16)
+    rng = np.random.default_rng(tokens)
+    rhs = mx.array(np.argsort(rng.random((tokens, E)), axis=1)[:, :top_k].astype(np.uint32))
+    y = mlx_fpqmm.gather_qmm(
+        x, w_q, scales, rhs_indices=rhs, transpose=transpose, mode=mode, stream=GPU
+    )
+    lhs = mx.arange(tokens, dtype=mx.uint32)[:, None]
+    reference = gather_reference(x.reshape(tokens, 1, K), w_q, scales, lhs, rhs, mode, transpose)
+    assert relative_error(y.reshape(reference[0].shape), reference) < TOLERANCE[mx.bfloat16]
+
+
+@pytest.mark.parametrize("pairs", [4, 64, 300])
+def test_gather_sorted_mlx_lm_layout(pairs):
+    """mlx-lm's sorted layout: x (pairs, 1, K), sorted indices (pairs,)."""
+    mode, E, N, K = "mxfp4", 16, 128, 512
+    w_q, scales, _ = quantized_experts(mode, E, N, K)
+    x = mx.random.normal((pairs, 1, K)).astype(mx.bfloat16)
+    rhs = mx.array(np.sort(np.random.default_rng(pairs).integers(0, E, pairs)).astype(np.uint32))
+    y = mlx_fpqmm.gather_qmm(
+        x, w_q, scales, rhs_indices=rhs, mode=mode, sorted_indices=True, stream=GPU
+    )
+    assert y.shape == (pairs, 1, N)
+    lhs = mx.arange(pairs, dtype=mx.uint32)
+    reference = gather_reference(x, w_q, scales, lhs, rhs, mode)
+    assert relative_error(y, reference) < TOLERANCE[mx.bfloat16]
+
+
+def test_gather_nvfp4_expert_scales():
+    E, N, K = 4, 64, 128
+    w_q, scales, global_scale = quantized_experts("nvfp4", E, N, K, global_scale=True)
+    x = mx.random.normal((6, 1, K))
+    rhs = mx.array([0, 3, 1, 1, 2, 0], dtype=mx.uint32)
+    y = mlx_fpqmm.gather_qmm(
+        x, w_q, scales, rhs_indices=rhs, mode="nvfp4", global_scale=global_scale, stream=GPU
+    )
+    lhs = mx.arange(6, dtype=mx.uint32)
+    reference = gather_reference(x, w_q, scales, lhs, rhs, "nvfp4", global_scale=global_scale)
+    assert relative_error(y, reference) < TOLERANCE[mx.float32]
+
+
+def test_gather_out_of_range_indices_give_nan_rows():
+    E, N, K = 4, 64, 128
+    w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
+    x = mx.random.normal((3, 2, K))
+    lhs = mx.array([0, 7, 2, 1], dtype=mx.uint32)
+    rhs = mx.array([1, 0, 9, 3], dtype=mx.uint32)
+
+    def gather(stream):
+        y = mlx_fpqmm.gather_qmm(
+            x, w_q, scales, lhs_indices=lhs, rhs_indices=rhs, mode="mxfp4", stream=stream
+        )
+        return np.array(y)
+
+    y, on_cpu = gather(GPU), gather(mx.cpu)
+    assert np.isnan(y[1]).all() and np.isnan(y[2]).all()
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(on_cpu))
+    np.testing.assert_allclose(y[[0, 3]], on_cpu[[0, 3]], rtol=1e-4, atol=1e-4)
+
+
+def test_more_than_2_to_the_31_weight_elements():
+    """A weight of 2^31 + 2^20 codes: 64-bit offsets in the kernels."""
+    N, K = 2**16 + 32, 2**15
+    rng = np.random.default_rng(0)
+    w_q = mx.array(rng.integers(0, 2**32, size=(N, K // 8), dtype=np.uint32))
+    scales = mx.array(rng.integers(120, 130, size=(N, K // 32), dtype=np.uint8))
+    x = mx.array(rng.standard_normal((2, K), np.float32))
+    y = mlx_fpqmm.fp4_qmm(x, w_q, scales, stream=GPU)
+    for rows in (slice(0, 8), slice(2**16 - 8, 2**16 + 8), slice(N - 8, N)):
+        reference = qmm_reference(x, w_q[rows], scales[rows], "mxfp4")
+        assert relative_error(y[:, rows], reference) < 1e-5
+
+
+def test_memory_is_flat_over_many_calls():
+    w_q, scales = quantized("mxfp4", 512, 512)
+    x = mx.random.normal((4, 512))
+    mx.eval(mlx_fpqmm.fp4_qmm(x, w_q, scales, stream=GPU))
+    mx.synchronize()
+    before = mx.get_active_memory()
+    for i in range(10_000):
+        y = mlx_fpqmm.fp4_qmm(x, w_q, scales, stream=GPU)
+        if i % 100 == 0:
+            mx.eval(y)
+    mx.eval(y)
+    del y
+    mx.synchronize()
+    assert mx.get_active_memory() - before < 1 << 20
+
+
+def test_kernel_path_on_this_gpu():
+    w_q, scales = quantized("mxfp4", 4096, 4096)
+    plan = mlx_fpqmm.kernel_path(mx.zeros((1, 4096)), w_q, scales, mode="mxfp4", device="cuda")
+    assert plan["backend"] == "cuda"
+    assert plan["path"] == "qmv"
+
+
+def test_fuzz_on_the_gpu_stream_never_crashes():
+    tests = Path(__file__).resolve().parent
+    result = subprocess.run(
+        [sys.executable, "-X", "faulthandler", str(tests / "fuzz_ops.py"), "1000"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tests,
+        env={**os.environ, "MLX_FPQMM_FUZZ_DEVICE": "gpu"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    outcomes = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    assert set(outcomes) <= {"ok", "ValueError", "TypeError"}
+    assert outcomes.get("ok", 0) > 20
