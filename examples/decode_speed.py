@@ -8,8 +8,11 @@ weights) is quantized by ``mlx.nn.quantize`` (MLX's kernels) and then converted
 with ``mlx_fpqmm.convert`` (ours: the arrays are shared, nothing is requantized).
 Each model generates greedily from the same random prompt with mlx-lm; the line
 printed per model gives decode tokens per second (the tokens after the first,
-over their time) and, for ours, how many leading tokens equal MLX's own model's
-(random weights leave near-ties, so a long common prefix is the check).
+over their time) and, for ours, how many leading tokens equal MLX's own model's.
+Random weights leave near-ties among 128K logits, so the check is on MLX's own
+sequence, one forward pass of each model: the positions where the greedy tokens
+differ and, of those, the ones MLX's logits separate by more than two bfloat16
+ulps (a real disagreement, not a tie).
 Meant for a GPU; on a CPU use ``--layers 2`` to try it.
 """
 
@@ -55,6 +58,23 @@ def decode(model: nn.Module, prompt: mx.array, tokens: int) -> tuple[list[int], 
     return out, (len(out) - 1) / (time.perf_counter() - start)
 
 
+def logits(model: nn.Module, tokens: list[int]) -> mx.array:
+    """The float32 logits of every position of ``tokens`` (one forward pass)."""
+    return model(mx.array(tokens)[None])[0].astype(mx.float32)
+
+
+def disagreements(reference: mx.array, ours: mx.array) -> tuple[int, int]:
+    """Positions whose greedy token differs, and those of them where the reference's
+    own logits separate the two tokens by more than two bfloat16 ulps (not a tie)."""
+    theirs_top, ours_top = mx.argmax(reference, axis=-1), mx.argmax(ours, axis=-1)
+    rows = mx.arange(reference.shape[0])
+    top = reference[rows, theirs_top]
+    gap = top - reference[rows, ours_top]
+    differ = theirs_top != ours_top
+    beyond_tie = differ & (gap > 2 * mx.abs(top) * 2.0**-8)
+    return int(differ.sum()), int(beyond_tie.sum())
+
+
 def weight_bytes(model: nn.Module) -> int:
     return sum(v.nbytes for _, v in nn.utils.tree_flatten(model.parameters()))
 
@@ -84,15 +104,20 @@ def main() -> None:
         decode(model, prompt, 8)
         theirs, rate = decode(model, prompt, args.tokens)
         print(f"{mode:>8} {'MLX':>10} {size:6.2f} GB {rate:8.1f} tokens/s")
+        sequence = [*prompt.tolist(), *theirs]
+        reference = logits(model, sequence)
         report = mlx_fpqmm.convert(model)
         decode(model, prompt, 8)
         ours, rate = decode(model, prompt, args.tokens)
+        differ, beyond_tie = disagreements(reference, logits(model, sequence))
         prefix = next(
             i for i, (a, b) in enumerate(zip([*ours, None], [*theirs, -1], strict=True)) if a != b
         )
         print(
             f"{mode:>8} {'mlx_fpqmm':>10} {size:6.2f} GB {rate:8.1f} tokens/s  "
-            f"({prefix}/{len(ours)} leading tokens equal MLX's; {report})"
+            f"({prefix}/{len(ours)} leading tokens equal MLX's; on MLX's sequence the greedy "
+            f"token differs at {differ}/{len(sequence)} positions, {beyond_tie} beyond a "
+            f"bfloat16 tie; {report})"
         )
         del model
 
