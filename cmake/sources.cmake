@@ -5,7 +5,10 @@
 set(FPQMM_SOURCES
   csrc/python/bindings.cpp
   csrc/python/kernel_path.cpp
-  csrc/ops/ops.cpp
+  csrc/ops/checks.cpp
+  csrc/ops/gather.cpp
+  csrc/ops/qmm.cpp
+  csrc/ops/quantize.cpp
   csrc/primitives/primitives.cpp
   csrc/backend/common/problem.cpp
   csrc/backend/cuda/plan.cpp

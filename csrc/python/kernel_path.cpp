@@ -263,8 +263,8 @@ nb::dict cuda_plan_dict(
   auto plan = cuda::plan(problem, device, request);
   nb::dict result;
   result["backend"] = "cuda";
-  result["device"] = "sm_" + std::to_string(device.major) +
-      std::to_string(device.minor);
+  result["device"] =
+      "sm_" + std::to_string(device.major) + std::to_string(device.minor);
   result["sm_count"] = device.sm_count;
   result["path"] = std::string(cuda::path_name(plan.path));
   result["requested"] = std::string(cuda::request_name(plan.requested));
@@ -376,8 +376,7 @@ nb::dict plan_call(
   if (cuda_device) {
     result = cuda_plan_dict(problem, *cuda_device, kernel);
   } else {
-    result = metal_plan_dict(
-        problem, device, macos, kernel, nax_kernels_built);
+    result = metal_plan_dict(problem, device, macos, kernel, nax_kernels_built);
   }
   nb::list output_shape;
   for (int size : node.shape()) {

@@ -19,9 +19,9 @@ namespace mx = mlx::core;
 // Bytes of one element of x (or of y, which has x's type).
 int itemsize(FloatType type);
 
-// One FpQuantizedMatmul (or gather) call as the kernels see it: x is (batch..., M, K),
-// w and scales are (batch..., N or K, ...), y is (batch..., M, N) contiguous.
-// With 2-D weights every leading dimension of x is folded into M.
+// One FpQuantizedMatmul (or gather) call as the kernels see it: x is (batch...,
+// M, K), w and scales are (batch..., N or K, ...), y is (batch..., M, N)
+// contiguous. With 2-D weights every leading dimension of x is folded into M.
 struct QmmProblem {
   Mode mode;
   int group_size;

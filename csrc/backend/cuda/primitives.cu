@@ -55,9 +55,7 @@ cuda::CudaDevice device_of(mx::cu::Device& d) {
 // module's kernels: the encoder gets them as driver functions, looked up
 // once per kernel and device by this module's runtime.
 CUfunction driver_function(
-    mx::cu::Device& d,
-    const void* kernel,
-    int shared_bytes) {
+    mx::cu::Device& d, const void* kernel, int shared_bytes) {
   static std::mutex mutex;
   static std::unordered_map<const void*, std::unordered_map<int, CUfunction>>
       functions;
@@ -74,9 +72,7 @@ CUfunction driver_function(
   if (shared_bytes > fc::kDefaultSharedLimit) {
     check(
         cudaFuncSetAttribute(
-            kernel,
-            cudaFuncAttributeMaxDynamicSharedMemorySize,
-            shared_bytes),
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
         "cudaFuncSetAttribute");
   }
   return it->second;
@@ -149,8 +145,7 @@ std::optional<cuda::CudaDevice> cuda::running_device() {
 }
 
 void FpQuantizedMatmul::eval_gpu(
-    const std::vector<mx::array>& inputs,
-    mx::array& out) {
+    const std::vector<mx::array>& inputs, mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
   if (out.size() == 0) {
     return;
@@ -170,8 +165,7 @@ void FpQuantizedMatmul::eval_gpu(
 }
 
 void FpGatherQuantizedMatmul::eval_gpu(
-    const std::vector<mx::array>& inputs,
-    mx::array& out) {
+    const std::vector<mx::array>& inputs, mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
   if (out.size() == 0) {
     return;

@@ -1,0 +1,246 @@
+#include "ops/checks.h"
+
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+#include "mlx/ops.h"
+
+namespace mlx_fpqmm {
+
+std::string shape_string(const mx::Shape& shape) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    os << (i ? "," : "") << shape[i];
+  }
+  os << ")";
+  return os.str();
+}
+
+std::string dtype_string(mx::Dtype dtype) {
+  std::ostringstream os;
+  os << dtype;
+  return os.str();
+}
+
+[[noreturn]] void fail(std::string_view op, const std::string& message) {
+  throw std::invalid_argument("[" + std::string(op) + "] " + message);
+}
+
+bool is_supported_float(mx::Dtype dtype) {
+  return dtype == mx::float32 || dtype == mx::float16 || dtype == mx::bfloat16;
+}
+
+const Format& resolve_format(
+    std::string_view op,
+    const std::string& mode,
+    std::initializer_list<Mode> allowed) {
+  auto parsed = mode_from_name(mode);
+  for (Mode candidate : allowed) {
+    if (parsed == candidate) {
+      return format_for(candidate);
+    }
+  }
+  std::string names;
+  for (Mode candidate : allowed) {
+    names +=
+        (names.empty() ? "" : ", ") + std::string(format_for(candidate).name);
+  }
+  fail(op, "Invalid mode '" + mode + "'; expected one of: " + names + ".");
+}
+
+int resolve_group_size(
+    std::string_view op, const Format& format, std::optional<int> group_size) {
+  int resolved = group_size.value_or(format.default_group_size);
+  if (!format.allows_group_size(resolved)) {
+    std::string allowed;
+    for (int size : format.group_sizes) {
+      allowed += (allowed.empty() ? "" : ", ") + std::to_string(size);
+    }
+    fail(
+        op,
+        "group_size=" + std::to_string(resolved) +
+            " is not supported for mode '" + std::string(format.name) +
+            "'; expected one of: " + allowed + ".");
+  }
+  return resolved;
+}
+
+void check_scales_dtype(
+    std::string_view op, const Format& format, const mx::array& scales) {
+  if (format.scales == ScaleKind::floating) {
+    if (!is_supported_float(scales.dtype())) {
+      fail(
+          op,
+          "scales for mode '" + std::string(format.name) +
+              "' must be float32, float16 or bfloat16 but received " +
+              dtype_string(scales.dtype()) + ".");
+    }
+  } else if (scales.dtype() != mx::uint8) {
+    fail(
+        op,
+        "scales for mode '" + std::string(format.name) +
+            "' must be uint8 but received " + dtype_string(scales.dtype()) +
+            ".");
+  }
+}
+
+// Checks w and scales against each other; returns the length of w's quantized
+// (last) axis in elements.
+int check_packed_weights(
+    std::string_view op,
+    const Format& format,
+    int group_size,
+    const mx::array& w,
+    const mx::array& scales) {
+  if (w.dtype() != mx::uint32) {
+    fail(
+        op,
+        "w must be uint32 (packed codes) but received " +
+            dtype_string(w.dtype()) + ".");
+  }
+  if (w.ndim() < 2) {
+    fail(
+        op,
+        "w must have at least 2 dimensions but received shape " +
+            shape_string(w.shape()) + ".");
+  }
+  check_scales_dtype(op, format, scales);
+  int64_t packed_length =
+      static_cast<int64_t>(w.shape(-1)) * format.elements_per_word();
+  if (packed_length > std::numeric_limits<int>::max()) {
+    fail(
+        op,
+        "The quantized axis of w would hold " + std::to_string(packed_length) +
+            " elements; at most " +
+            std::to_string(std::numeric_limits<int>::max()) +
+            " are supported.");
+  }
+  int quantized_length = static_cast<int>(packed_length);
+  if (quantized_length % group_size != 0) {
+    fail(
+        op,
+        "The quantized axis of w has " + std::to_string(quantized_length) +
+            " elements, which is not a multiple of group_size=" +
+            std::to_string(group_size) + ".");
+  }
+  auto expected = w.shape();
+  expected.back() = quantized_length / group_size;
+  if (scales.shape() != expected) {
+    fail(
+        op,
+        "scales must have shape " + shape_string(expected) +
+            " for w of shape " + shape_string(w.shape()) +
+            " with group_size=" + std::to_string(group_size) + " and mode '" +
+            std::string(format.name) + "' but received " +
+            shape_string(scales.shape()) + ".");
+  }
+  return quantized_length;
+}
+
+mx::Shape batch_shape(const mx::array& a) {
+  return mx::Shape(a.shape().begin(), a.shape().end() - 2);
+}
+
+// One value, or with `experts` (w's batch shape, for gather_qmm) one per
+// matrix of w.
+void check_global_scale(
+    std::string_view op,
+    const Format& format,
+    const std::optional<mx::array>& global_scale,
+    const std::optional<mx::Shape>& experts) {
+  if (!global_scale) {
+    return;
+  }
+  if (format.mode != Mode::nvfp4) {
+    fail(
+        op,
+        "global_scale is only supported for mode 'nvfp4' but mode is '" +
+            std::string(format.name) + "'.");
+  }
+  if (global_scale->dtype() != mx::float32) {
+    fail(
+        op,
+        "global_scale must be float32 but received " +
+            dtype_string(global_scale->dtype()) + ".");
+  }
+  bool one_value = global_scale->ndim() <= 1 && global_scale->size() == 1;
+  if (experts && !one_value && global_scale->shape() != *experts) {
+    fail(
+        op,
+        "global_scale must hold one value or have w's batch shape " +
+            shape_string(*experts) + " but received shape " +
+            shape_string(global_scale->shape()) + ".");
+  }
+  if (!experts && !one_value) {
+    fail(
+        op,
+        "global_scale must hold one value (shape () or (1,)) but received "
+        "shape " +
+            shape_string(global_scale->shape()) + ".");
+  }
+}
+
+// x's dtype and its last dimension against w's K; returns K.
+int check_x(
+    std::string_view op,
+    const mx::array& x,
+    const mx::array& w,
+    int quantized_length,
+    bool transpose) {
+  if (!is_supported_float(x.dtype())) {
+    fail(
+        op,
+        "x must be float32, float16 or bfloat16 but received " +
+            dtype_string(x.dtype()) + ".");
+  }
+  int K = transpose ? quantized_length : w.shape(-2);
+  if (x.ndim() > 0 && x.shape(-1) != K) {
+    fail(
+        op,
+        "The last dimension of x (" + std::to_string(x.shape(-1)) +
+            ") must equal K=" + std::to_string(K) + " of w with shape " +
+            shape_string(w.shape()) +
+            " (transpose=" + (transpose ? "True" : "False") + ").");
+  }
+  return K;
+}
+
+// MLX's biases and bits arguments, which the fp modes fix.
+void check_biases_and_bits(
+    std::string_view op,
+    const Format& format,
+    const std::optional<mx::array>& biases,
+    std::optional<int> bits) {
+  if (biases) {
+    fail(
+        op,
+        "biases must be None for quantization mode '" +
+            std::string(format.name) + "'.");
+  }
+  if (bits && *bits != format.bits) {
+    fail(
+        op,
+        "bits=" + std::to_string(*bits) + " is not supported for mode '" +
+            std::string(format.name) + "'; expected " +
+            std::to_string(format.bits) + ".");
+  }
+}
+
+mx::Shape with_batch(const mx::Shape& batch, const mx::array& a) {
+  mx::Shape shape = batch;
+  shape.insert(shape.end(), a.shape().end() - 2, a.shape().end());
+  return shape;
+}
+
+// The kernels of every device read their inputs in place (readable_in_place
+// in primitives.h); this makes an array so, with a copy only where needed.
+// Applied before any batch broadcast, so that broadcasts stay views. (On GPU
+// streams it must happen here: libmlx does not export its GPU copy to
+// eval_gpu.)
+mx::array readable_in_place_copy(const mx::array& a, mx::Stream stream) {
+  return mx::contiguous(a, false, stream);
+}
+
+}  // namespace mlx_fpqmm

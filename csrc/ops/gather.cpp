@@ -1,0 +1,155 @@
+#include "ops/ops.h"
+
+#include <memory>
+#include <stdexcept>
+
+#include "mlx/ops.h"
+
+#include "ops/checks.h"
+#include "ops/qmm.h"
+#include "primitives/primitives.h"
+
+namespace mlx_fpqmm {
+
+namespace {
+
+// The indices as uint32 (as MLX casts them), or an arange over the batch of
+// `operand` when absent.
+mx::array index_array(
+    std::string_view op,
+    std::string_view name,
+    const std::optional<mx::array>& indices,
+    const mx::array& operand,
+    mx::Stream s) {
+  if (!indices) {
+    auto range =
+        mx::arange(static_cast<int>(matrix_count(operand)), mx::uint32, s);
+    return mx::reshape(range, batch_shape(operand), s);
+  }
+  if (!mx::issubdtype(indices->dtype(), mx::integer)) {
+    fail(
+        op,
+        std::string(name) + " must be an integer array but received " +
+            dtype_string(indices->dtype()) + ".");
+  }
+  return mx::astype(*indices, mx::uint32, s);
+}
+
+}  // namespace
+
+mx::array gather_qmm(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& biases,
+    const std::optional<mx::array>& lhs_indices,
+    const std::optional<mx::array>& rhs_indices,
+    bool transpose,
+    std::optional<int> group_size,
+    std::optional<int> bits,
+    const std::string& mode,
+    const std::optional<mx::array>& global_scale,
+    bool sorted_indices,
+    mx::StreamOrDevice s) {
+  if (mode == "affine") {
+    return mx::gather_qmm(
+        x,
+        w,
+        scales,
+        biases,
+        lhs_indices,
+        rhs_indices,
+        transpose,
+        group_size,
+        bits,
+        mode,
+        global_scale,
+        sorted_indices,
+        s);
+  }
+  constexpr std::string_view op = "gather_qmm";
+  const auto& format = resolve_format(op, mode, kAllModes);
+  check_biases_and_bits(op, format, biases, bits);
+  if (!lhs_indices && !rhs_indices) {
+    return fp_qmm_checked(
+        op, x, w, scales, global_scale, format, group_size, transpose, s);
+  }
+  int resolved_group_size = resolve_group_size(op, format, group_size);
+  int quantized_length =
+      check_packed_weights(op, format, resolved_group_size, w, scales);
+  check_x(op, x, w, quantized_length, transpose);
+  if (x.ndim() < 2) {
+    fail(
+        op,
+        "x must have at least 2 dimensions (..., M, K) but received shape " +
+            shape_string(x.shape()) + ".");
+  }
+  check_global_scale(op, format, global_scale, batch_shape(w));
+  int64_t experts = matrix_count(w);
+
+  auto stream = mx::to_stream(s);
+  auto lhs = index_array(op, "lhs_indices", lhs_indices, x, stream);
+  auto rhs = index_array(op, "rhs_indices", rhs_indices, w, stream);
+  std::vector<mx::array> indices;
+  try {
+    // broadcast_arrays (not broadcast_to): shapeless compilation re-infers it.
+    indices = mx::broadcast_arrays({lhs, rhs}, stream);
+  } catch (const std::invalid_argument&) {
+    fail(
+        op,
+        "lhs_indices of shape " + shape_string(lhs.shape()) +
+            " and rhs_indices of shape " + shape_string(rhs.shape()) +
+            " cannot be broadcast.");
+  }
+  std::optional<mx::array> expert_scales;
+  if (global_scale) {
+    expert_scales = mx::broadcast_to(
+        mx::flatten(*global_scale, stream),
+        {static_cast<int>(experts)},
+        stream);
+  }
+  return fp_gather_qmm_unchecked(
+      x,
+      w,
+      scales,
+      indices[0],
+      indices[1],
+      expert_scales,
+      format.mode,
+      resolved_group_size,
+      transpose,
+      sorted_indices && !lhs_indices,
+      stream);
+}
+
+mx::array fp_gather_qmm_unchecked(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& lhs_indices,
+    const mx::array& rhs_indices,
+    const std::optional<mx::array>& global_scale,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    bool right_sorted,
+    mx::Stream stream) {
+  // Row-contiguous arrays: a pair's operands are then whole matrices at
+  // index * matrix size, and the indices are read in order.
+  auto contiguous = [&](const mx::array& a) {
+    return mx::contiguous(a, false, stream);
+  };
+  auto inputs = make_gather_inputs(
+      contiguous(x),
+      contiguous(w),
+      contiguous(scales),
+      contiguous(lhs_indices),
+      contiguous(rhs_indices),
+      global_scale ? std::optional(contiguous(*global_scale)) : std::nullopt);
+  auto primitive = std::make_shared<FpGatherQuantizedMatmul>(
+      stream, mode, group_size, transpose, right_sorted);
+  auto shape = primitive->output_shapes(inputs)[0];
+  return mx::array(std::move(shape), x.dtype(), primitive, std::move(inputs));
+}
+
+}  // namespace mlx_fpqmm

@@ -1,0 +1,154 @@
+#include "ops/ops.h"
+
+#include <memory>
+#include <stdexcept>
+
+#include "mlx/ops.h"
+
+#include "ops/checks.h"
+#include "ops/qmm.h"
+#include "primitives/primitives.h"
+
+namespace mlx_fpqmm {
+
+namespace {
+
+// The primitive on inputs readable in place, in the primitive's order.
+mx::array make_fp_qmm(
+    std::vector<mx::array> inputs,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    mx::Stream stream) {
+  auto primitive =
+      std::make_shared<FpQuantizedMatmul>(stream, mode, group_size, transpose);
+  auto shape = primitive->output_shapes(inputs)[0];
+  auto dtype = input(inputs, Input::x).dtype();
+  return mx::array(std::move(shape), dtype, primitive, std::move(inputs));
+}
+
+}  // namespace
+
+mx::array fp_qmm_checked(
+    std::string_view op,
+    mx::array x,
+    mx::array w,
+    mx::array scales,
+    const std::optional<mx::array>& global_scale,
+    const Format& format,
+    std::optional<int> group_size,
+    bool transpose,
+    mx::StreamOrDevice s) {
+  int resolved_group_size = resolve_group_size(op, format, group_size);
+  int quantized_length =
+      check_packed_weights(op, format, resolved_group_size, w, scales);
+  check_x(op, x, w, quantized_length, transpose);
+  if (x.ndim() == 0) {
+    fail(op, "x must have at least 1 dimension but received a 0-d array.");
+  }
+  check_global_scale(op, format, global_scale);
+
+  auto stream = mx::to_stream(s);
+  bool vector_input = x.ndim() == 1;
+  if (vector_input) {
+    x = mx::expand_dims(x, 0, stream);
+  }
+  x = readable_in_place_copy(x, stream);
+  w = readable_in_place_copy(w, stream);
+  scales = readable_in_place_copy(scales, stream);
+  if (w.ndim() > 2) {
+    mx::Shape batch;
+    try {
+      batch = mx::broadcast_shapes(batch_shape(x), batch_shape(w));
+    } catch (const std::invalid_argument&) {
+      fail(
+          op,
+          "The batch dimensions of x " + shape_string(batch_shape(x)) +
+              " and w " + shape_string(batch_shape(w)) +
+              " cannot be broadcast.");
+    }
+    x = mx::broadcast_to(x, with_batch(batch, x), stream);
+    w = mx::broadcast_to(w, with_batch(batch, w), stream);
+    scales = mx::broadcast_to(scales, with_batch(batch, scales), stream);
+  }
+  auto out = make_fp_qmm(
+      make_inputs(x, w, scales, global_scale),
+      format.mode,
+      resolved_group_size,
+      transpose,
+      stream);
+  return vector_input ? mx::squeeze(out, -2, stream) : out;
+}
+
+mx::array fp_qmm_unchecked(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& global_scale,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    mx::Stream stream) {
+  // w and scales are the primitive's own inputs, readable in place (the op
+  // made them so); x is a cotangent or tangent, e.g. a broadcast.
+  return make_fp_qmm(
+      make_inputs(readable_in_place_copy(x, stream), w, scales, global_scale),
+      mode,
+      group_size,
+      transpose,
+      stream);
+}
+
+mx::array fp4_qmm(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    bool transpose,
+    std::optional<int> group_size,
+    const std::string& mode,
+    const std::optional<mx::array>& global_scale,
+    mx::StreamOrDevice s) {
+  constexpr std::string_view op = "fp4_qmm";
+  const auto& format =
+      resolve_format(op, mode, {Mode::mxfp4, Mode::nvfp4, Mode::fp4});
+  return fp_qmm_checked(
+      op, x, w, scales, global_scale, format, group_size, transpose, s);
+}
+
+mx::array fp8_qmm(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    bool transpose,
+    std::optional<int> group_size,
+    const std::string& mode,
+    mx::StreamOrDevice s) {
+  constexpr std::string_view op = "fp8_qmm";
+  const auto& format = resolve_format(op, mode, {Mode::mxfp8, Mode::fp8});
+  return fp_qmm_checked(
+      op, x, w, scales, std::nullopt, format, group_size, transpose, s);
+}
+
+mx::array quantized_matmul(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& biases,
+    bool transpose,
+    std::optional<int> group_size,
+    std::optional<int> bits,
+    const std::string& mode,
+    mx::StreamOrDevice s) {
+  if (mode == "affine") {
+    return mx::quantized_matmul(
+        x, w, scales, biases, transpose, group_size, bits, mode, s);
+  }
+  constexpr std::string_view op = "quantized_matmul";
+  const auto& format = resolve_format(
+      op, mode, {Mode::mxfp4, Mode::nvfp4, Mode::mxfp8, Mode::fp4, Mode::fp8});
+  check_biases_and_bits(op, format, biases, bits);
+  return fp_qmm_checked(
+      op, x, w, scales, std::nullopt, format, group_size, transpose, s);
+}
+
+}  // namespace mlx_fpqmm
