@@ -1,27 +1,40 @@
 #include "ops/checks.h"
 
+#include <array>
 #include <limits>
-#include <sstream>
 #include <stdexcept>
 
 #include "mlx/ops.h"
 
 namespace mlx_fpqmm {
 
+// Without iostreams: in the CUDA build the extension's own instantiation of
+// basic_ostream's number output crashes (SIGSEGV, seen on an H200).
 std::string shape_string(const mx::Shape& shape) {
-  std::ostringstream os;
-  os << "(";
+  std::string text = "(";
   for (size_t i = 0; i < shape.size(); ++i) {
-    os << (i ? "," : "") << shape[i];
+    text += (i ? "," : "") + std::to_string(shape[i]);
   }
-  os << ")";
-  return os.str();
+  return text + ")";
 }
 
 std::string dtype_string(mx::Dtype dtype) {
-  std::ostringstream os;
-  os << dtype;
-  return os.str();
+  constexpr std::array<std::string_view, 14> names = {
+      "bool",
+      "uint8",
+      "uint16",
+      "uint32",
+      "uint64",
+      "int8",
+      "int16",
+      "int32",
+      "int64",
+      "float16",
+      "float32",
+      "float64",
+      "bfloat16",
+      "complex64"};
+  return std::string(names[static_cast<size_t>(dtype.val())]);
 }
 
 [[noreturn]] void fail(std::string_view op, const std::string& message) {

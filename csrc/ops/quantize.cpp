@@ -166,8 +166,14 @@ std::vector<mx::array> quantize(
   int resolved_group_size = resolve_group_size(op, format, group_size);
   check_global_scale(op, format, global_scale);
   if (format.scales != ScaleKind::floating) {
+    // Nothing to compute in an empty w, which MLX's CUDA quantize divides by.
     return mx::quantize(
-        w, resolved_group_size, format.bits, mode, global_scale, s);
+        w,
+        resolved_group_size,
+        format.bits,
+        mode,
+        global_scale,
+        w.size() == 0 ? mx::StreamOrDevice(mx::Device::cpu) : s);
   }
   return quantize_float_scales(
       w, format, resolved_group_size, mx::to_stream(s));
@@ -193,6 +199,7 @@ mx::array dequantize(
   int resolved_group_size = resolve_group_size(op, format, group_size);
   check_global_scale(op, format, global_scale);
   if (format.scales != ScaleKind::floating) {
+    // As in quantize: an empty w on the CPU, where MLX handles it.
     return mx::dequantize(
         w,
         scales,
@@ -202,7 +209,7 @@ mx::array dequantize(
         mode,
         global_scale,
         dtype,
-        s);
+        w.size() == 0 ? mx::StreamOrDevice(mx::Device::cpu) : s);
   }
   return dequantize_float_scales(
       w, scales, format, resolved_group_size, dtype, mx::to_stream(s));
