@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "backend/common/kernel_request.h"
+
 namespace mlx_fpqmm::cuda {
 
 namespace fc = fpqmm::cuda;
@@ -33,9 +35,9 @@ std::string_view encoding_name(ScaleEncoding encoding) {
 
 std::string kernel_name(const KernelKey& key) {
   std::string name = std::string(key.transpose ? "fpqmm_qmv_" : "fpqmm_qvm_") +
-      std::string(codes_name(key.bits)) + "_" +
-      std::string(encoding_name(key.encoding)) + "_" +
-      std::string(type_name(key.x_type));
+                     std::string(codes_name(key.bits)) + "_" +
+                     std::string(encoding_name(key.encoding)) + "_" +
+                     std::string(type_name(key.x_type));
   if (key.transpose) {
     name += "_x" + std::to_string(key.x_blocks * fc::kQmvXBlockRows);
   }
@@ -60,7 +62,8 @@ void fold_batch(const QmmProblem& p, KernelPlan& plan) {
     if (size == 1) {
       continue;
     }
-    const bool folds = !plan.batch_shape.empty() &&
+    const bool folds =
+        !plan.batch_shape.empty() &&
         plan.x_batch_strides.back() == p.x_batch_strides[axis] * size &&
         plan.w_batch_strides.back() == p.w_batch_strides[axis] * size &&
         plan.scales_batch_strides.back() == p.scales_batch_strides[axis] * size;
@@ -113,8 +116,8 @@ void plan_split_k(
   plan.partials_bytes =
       actual * plan.batch_count * int64_t(p.M) * p.N * int64_t(sizeof(float));
   plan.note += "; split_k=" + std::to_string(actual) + ": " +
-      std::to_string(blocks) + " blocks for " +
-      std::to_string(device.sm_count) + " SMs";
+               std::to_string(blocks) + " blocks for " +
+               std::to_string(device.sm_count) + " SMs";
   const int64_t outputs = plan.batch_count * int64_t(p.M) * p.N;
   plan.reduction = Launch{
       "fpqmm_split_k_sum_" + std::string(type_name(p.x_type)),
@@ -135,44 +138,23 @@ std::string_view path_name(KernelPath path) {
 
 namespace {
 
-constexpr std::array<std::pair<std::string_view, KernelRequest>, 3>
-    kRequestNames = {
-        {{"auto", KernelRequest::automatic},
-         {"qmv", KernelRequest::decode},
-         {"simple", KernelRequest::simple}}};
+constexpr RequestNames<KernelRequest, 3> kRequestNames = {
+    {{"auto", KernelRequest::automatic},
+     {"qmv", KernelRequest::decode},
+     {"simple", KernelRequest::simple}}};
 
 }  // namespace
 
 std::optional<KernelRequest> kernel_request_from_name(std::string_view name) {
-  for (auto [candidate, request] : kRequestNames) {
-    if (name == candidate) {
-      return request;
-    }
-  }
-  return std::nullopt;
+  return request_from_name(kRequestNames, name);
 }
 
 std::string_view request_name(KernelRequest request) {
-  for (auto [name, candidate] : kRequestNames) {
-    if (request == candidate) {
-      return name;
-    }
-  }
-  return {};
+  return name_of(kRequestNames, request);
 }
 
 KernelRequest kernel_request_from_env() {
-  const char* value = std::getenv("MLX_FPQMM_KERNEL");
-  if (value == nullptr || *value == '\0') {
-    return KernelRequest::automatic;
-  }
-  auto request = kernel_request_from_name(value);
-  if (!request) {
-    throw std::invalid_argument(
-        "MLX_FPQMM_KERNEL='" + std::string(value) +
-        "' is not one of auto, qmv, simple for the CUDA kernels.");
-  }
-  return *request;
+  return request_from_env(kRequestNames, "CUDA");
 }
 
 std::optional<CudaDevice> device_from_name(std::string_view name) {
@@ -248,21 +230,22 @@ KernelPlan plan(
       plan.note = "simple requested";
       break;
     case KernelRequest::automatic:
-      plan.path = !decode_rows ? KernelPath::simple
-          : p.transpose        ? KernelPath::qmv
-                               : KernelPath::qvm;
-      plan.note = decode_rows
-          ? rows + " is in the decode range (at most " +
-              std::to_string(kDecodeRows) + ")"
-          : rows + " is above the decode range: the decode kernels tiled " +
-              "over M (no prefill kernels yet)";
+      plan.path = !decode_rows  ? KernelPath::simple
+                  : p.transpose ? KernelPath::qmv
+                                : KernelPath::qvm;
+      plan.note =
+          decode_rows
+              ? rows + " is in the decode range (at most " +
+                    std::to_string(kDecodeRows) + ")"
+              : rows + " is above the decode range: the decode kernels tiled " +
+                    "over M (no prefill kernels yet)";
       break;
   }
 
-  const int x_blocks =
-      p.transpose && plan.path != KernelPath::simple && p.M <= fc::kQmvXBlockRows
-      ? 1
-      : fc::kQmvMaxXBlocks;
+  const int x_blocks = p.transpose && plan.path != KernelPath::simple &&
+                               p.M <= fc::kQmvXBlockRows
+                           ? 1
+                           : fc::kQmvMaxXBlocks;
   plan.key = KernelKey{
       p.transpose,
       format.bits,
@@ -306,14 +289,13 @@ KernelPlan plan(
   }
   if (plan.main.shared_bytes > fc::kDefaultSharedLimit) {
     plan.note += "; " + std::to_string(plan.main.shared_bytes) +
-        " bytes of shared memory (opt-in)";
+                 " bytes of shared memory (opt-in)";
   }
   return plan;
 }
 
 fpqmm::cuda::QmmArgs kernel_args(
-    const QmmProblem& problem,
-    const KernelPlan& plan) {
+    const QmmProblem& problem, const KernelPlan& plan) {
   fc::QmmArgs args{};
   args.M = problem.M;
   args.N = problem.N;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "backend/common/kernel_request.h"
 #include "backend/metal/kernels/fp_params.h"
 
 namespace mlx_fpqmm::metal {
@@ -249,45 +250,24 @@ std::string_view path_name(KernelPath path) {
 
 namespace {
 
-constexpr std::array<std::pair<std::string_view, KernelRequest>, 4>
-    kRequestNames = {
-        {{"auto", KernelRequest::automatic},
-         {"qmv", KernelRequest::qmv},
-         {"mma", KernelRequest::mma},
-         {"nax", KernelRequest::nax}}};
+constexpr RequestNames<KernelRequest, 4> kRequestNames = {
+    {{"auto", KernelRequest::automatic},
+     {"qmv", KernelRequest::qmv},
+     {"mma", KernelRequest::mma},
+     {"nax", KernelRequest::nax}}};
 
 }  // namespace
 
 std::optional<KernelRequest> kernel_request_from_name(std::string_view name) {
-  for (auto [candidate, request] : kRequestNames) {
-    if (name == candidate) {
-      return request;
-    }
-  }
-  return std::nullopt;
+  return request_from_name(kRequestNames, name);
 }
 
 std::string_view request_name(KernelRequest request) {
-  for (auto [name, candidate] : kRequestNames) {
-    if (request == candidate) {
-      return name;
-    }
-  }
-  return {};
+  return name_of(kRequestNames, request);
 }
 
 KernelRequest kernel_request_from_env() {
-  const char* value = std::getenv("MLX_FPQMM_KERNEL");
-  if (value == nullptr || *value == '\0') {
-    return KernelRequest::automatic;
-  }
-  auto request = kernel_request_from_name(value);
-  if (!request) {
-    throw std::invalid_argument(
-        "MLX_FPQMM_KERNEL='" + std::string(value) +
-        "' is not one of auto, qmv, mma, nax.");
-  }
-  return *request;
+  return request_from_env(kRequestNames, "Metal");
 }
 
 bool uses_sorted_runs(const QmmProblem& problem, KernelRequest request) {
