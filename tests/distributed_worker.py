@@ -1,14 +1,23 @@
-"""One rank of tests/test_distributed.py: ``python distributed_worker.py CASE OUT_JSON``.
+"""One rank of tests/test_distributed.py: ``python distributed_worker.py CASE OUT_DIR BACKEND``.
 
-Run with ``MLX_RANK`` and ``MLX_HOSTFILE`` set (ring backend). Every rank builds the same
-unsharded layers from the same seed, shards them across the group and writes, per check,
-the relative error of the sharded result against the unsharded one to ``OUT_JSON``.
+Run with MLX's environment for ``BACKEND``: ``MLX_RANK`` and ``MLX_HOSTFILE`` for ``ring``
+(on the CPU), ``MLX_RANK``, ``MLX_WORLD_SIZE``, ``NCCL_HOST_IP`` and ``NCCL_PORT`` for
+``nccl`` (on the GPU), as ``mlx.launch`` sets them. Every rank builds the same unsharded
+layers from the same seed, shards them across the group and writes, per check, the relative
+error of the sharded result against the unsharded one to ``OUT_DIR/rank<r>.json``.
 """
 
-import json
 import os
+
+# Before MLX starts CUDA: NVLink multicast off, and one GPU per rank (see sharded_generate.py).
+os.environ["NCCL_NVLS_ENABLE"] = "0"
+if "MLX_RANK" in os.environ:
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", os.environ["MLX_RANK"])
+
+import json
 import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -20,6 +29,7 @@ MODES = ("mxfp4", "nvfp4", "mxfp8", "fp4", "fp8")
 
 
 def rel(a: mx.array, b: mx.array) -> float:
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
     return (mx.abs(a - b).max() / mx.abs(b).max()).item()
 
 
@@ -39,21 +49,25 @@ def grad_x(layer: nn.Module, x: mx.array, cotangent: mx.array) -> mx.array:
 def layer_cases(group) -> dict:
     out = {}
     for mode in MODES:
-        for sharding, segments in (
-            ("all-to-sharded", 1),
-            ("sharded-to-all", 1),
-            ("all-to-sharded", 3),
+        for sharding, segments, dtype in (
+            ("all-to-sharded", 1, mx.float32),
+            ("sharded-to-all", 1, mx.float32),
+            ("all-to-sharded", 3, mx.float32),
+            ("all-to-sharded", 1, mx.bfloat16),
+            ("sharded-to-all", 1, mx.bfloat16),
         ):
             mx.random.seed(1)
             layer = QuantizedLinear(256, 384, mode=mode, global_scale=mode == "nvfp4")
-            layer.bias = mx.random.normal((384,))
-            x = mx.random.normal((2, 3, 256))
-            cot = mx.random.normal((2, 3, 384))
+            layer.bias = mx.random.normal((384,)).astype(dtype)
+            x = mx.random.normal((2, 3, 256)).astype(dtype)
+            cot = mx.random.normal((2, 3, 384)).astype(dtype)
             ref = layer(x)
 
             ref_grad = grad_x(layer, x, cot)
             sharded = shard_linear(layer, sharding, segments=segments, group=group)
-            name = f"{mode}/{sharding}/segments={segments}"
+            name = f"{mode}/{sharding}/" + (
+                f"segments={segments}" if dtype == mx.float32 else "bfloat16"
+            )
             info = {"class": type(sharded).__name__}
             if "global_scale" in layer:
                 info["global_scale_kept"] = bool(
@@ -178,8 +192,10 @@ def llama_cases(group) -> dict:
 
 
 def main() -> None:
-    case, path = sys.argv[1], sys.argv[2]
-    group = mx.distributed.init(strict=True, backend="ring")
+    case, out_dir, backend = sys.argv[1:4]
+    if backend == "ring":
+        mx.set_default_device(mx.cpu)
+    group = mx.distributed.init(strict=True, backend=backend)
     if case == "die" and group.rank() == 1:
         print("rank 1 exits on purpose", file=sys.stderr, flush=True)
         os._exit(3)
@@ -187,10 +203,9 @@ def main() -> None:
         time.sleep(600)
     if case in ("die", "hang"):
         mx.eval(mx.distributed.all_sum(mx.ones(4), group=group))
-    results = {"rank": group.rank(), "size": group.size()}
+    results = {"rank": group.rank(), "size": group.size(), "device": str(mx.default_device())}
     results.update({"layers": layer_cases, "llama": llama_cases}[case](group))
-    with open(path, "w") as f:
-        json.dump(results, f)
+    (Path(out_dir) / f"rank{group.rank()}.json").write_text(json.dumps(results))
 
 
 if __name__ == "__main__":

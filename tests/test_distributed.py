@@ -1,12 +1,17 @@
-"""Tensor-parallel layers on MLX's ring backend, with two real processes on 127.0.0.1.
+"""Tensor-parallel layers on MLX distributed, with real processes as the ranks.
 
-Each test starts one pair of ranks (tests/distributed_worker.py) that runs every case of
-the test and reports relative errors against the unsharded model; a rank that fails or a
-pair that hangs fails the test with the ranks' stderr within ``TIMEOUT`` seconds.
+Each two-rank test starts one group of processes (tests/distributed_worker.py, or
+examples/sharded_generate.py) on MLX's ring backend over 127.0.0.1 (the CPUs) and, where MLX's
+CUDA build sees two GPUs, on its NCCL backend (one GPU per rank); a rank that fails or a group
+that hangs fails the test with the ranks' output within ``TIMEOUT`` seconds.
 """
 
+import contextlib
 import json
 import os
+import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,8 +33,23 @@ from mlx_fpqmm.nn import (
 )
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
+EXAMPLE = Path(__file__).parents[1] / "examples" / "sharded_generate.py"
 TIMEOUT = 90.0
 TOL = 1e-5
+TOL_BF16 = 2**-5  # bfloat16: each rank rounds its partial sums (a few ulps apart; measured 0.0065)
+TWO_GPUS = mx.distributed.is_available(backend="nccl") and mx.device_count(mx.gpu) >= 2
+BACKENDS = [
+    "ring",
+    pytest.param(
+        "nccl",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(
+                not TWO_GPUS, reason="NCCL: MLX's CUDA build sees fewer than 2 GPUs"
+            ),
+        ],
+    ),
+]
 
 
 class RankFailed(RuntimeError):
@@ -47,53 +67,107 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def run_ranks(case: str, tmp_path: Path, n: int = 2, timeout: float = TIMEOUT) -> list[dict]:
-    """Run the worker's ``case`` on ``n`` ring ranks; their JSON results, by rank."""
-    hostfile = tmp_path / "hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(n)]))
-    procs, logs = [], []
-    for rank in range(n):
-        env = dict(os.environ, MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile))
-        log = open(tmp_path / f"rank{rank}.log", "w+")
-        logs.append(log)
-        out = tmp_path / f"rank{rank}.json"
-        cmd = [sys.executable, str(WORKER), case, str(out)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+class Ranks:
+    """``python argv...`` started as the ranks of one group of ``n`` on ``backend``.
 
-    def stderr_of(rank: int) -> str:
-        logs[rank].flush()
-        logs[rank].seek(0)
-        return logs[rank].read()[-3000:]
+    Each rank gets MLX's environment for the backend (as ``mlx.launch`` sets it: a hostfile
+    on 127.0.0.1 for ``ring``; ``MLX_WORLD_SIZE``, ``NCCL_HOST_IP``, ``NCCL_PORT`` and one GPU
+    per rank for ``nccl``) and writes its stdout and stderr to ``tmp_path/rank<r>.log``.
+    Only the ranks in ``start`` are started (the others never join). Each rank leads a
+    process group of its own (with the example's watchdog process); use as a context manager:
+    the groups are killed at the end.
+    """
 
-    deadline = time.monotonic() + timeout
-    try:
+    def __init__(
+        self,
+        argv: list[str],
+        tmp_path: Path,
+        backend: str = "ring",
+        n: int = 2,
+        start: list[int] | None = None,
+    ) -> None:
+        if backend == "ring":
+            hostfile = tmp_path / "hosts.json"
+            hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(n)]))
+            common = {"MLX_HOSTFILE": str(hostfile)}
+        else:
+            common = {
+                "MLX_WORLD_SIZE": str(n),
+                "NCCL_HOST_IP": "127.0.0.1",
+                "NCCL_PORT": str(free_ports(1)[0]),
+            }
+        self.logs = {r: open(tmp_path / f"rank{r}.log", "w+") for r in start or range(n)}
+        self.procs = {}
+        for rank, log in self.logs.items():
+            env = dict(os.environ, **common, MLX_RANK=str(rank))
+            if backend == "nccl":
+                env["CUDA_VISIBLE_DEVICES"] = str(rank)
+            self.procs[rank] = subprocess.Popen(
+                [sys.executable, *map(str, argv)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a process group: the rank and its children
+            )
+
+    def __enter__(self) -> "Ranks":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        for log in self.logs.values():
+            log.close()
+
+    def output(self, rank: int) -> str:
+        self.logs[rank].flush()
+        self.logs[rank].seek(0)
+        return self.logs[rank].read()
+
+    def report(self) -> str:
+        return "\n".join(f"--- rank {r}:\n{self.output(r)[-3000:]}" for r in self.logs)
+
+    def wait_for(self, rank: int, text: str, timeout: float = TIMEOUT) -> None:
+        """Until ``text`` is in the output of ``rank``."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output(rank):
+            if self.procs[rank].poll() is not None or time.monotonic() > deadline:
+                raise RankFailed(f"rank {rank} never printed {text!r}:\n{self.report()}")
+            time.sleep(0.01)
+
+    def wait(self, timeout: float = TIMEOUT) -> list[str]:
+        """The outputs, by rank, once every rank has exited with 0; else :class:`RankFailed`."""
+        deadline = time.monotonic() + timeout
         while True:
-            codes = [p.poll() for p in procs]
-            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            codes = {r: p.poll() for r, p in self.procs.items()}
+            failed = [r for r, c in codes.items() if c not in (None, 0)]
             if failed:
                 time.sleep(0.5)  # let the other ranks notice and write their errors
-                codes = [p.poll() for p in procs]
+                codes = {r: p.poll() for r, p in self.procs.items()}
                 raise RankFailed(
-                    f"rank {failed[0]} exited with code {codes[failed[0]]}; exit codes {codes}:\n"
-                    + "\n".join(f"--- rank {r}:\n{stderr_of(r)}" for r in range(n))
+                    f"rank {failed[0]} exited with code {codes[failed[0]]}; exit codes "
+                    f"{list(codes.values())}:\n{self.report()}"
                 )
-            if all(c == 0 for c in codes):
-                break
+            if all(c == 0 for c in codes.values()):
+                return [self.output(r) for r in self.logs]
             if time.monotonic() > deadline:
-                waiting = [r for r, c in enumerate(codes) if c is None]
+                waiting = [r for r, c in codes.items() if c is None]
                 raise RankFailed(
-                    f"ranks {waiting} still running after {timeout:.0f} s:\n"
-                    + "\n".join(f"--- rank {r}:\n{stderr_of(r)}" for r in range(n))
+                    f"ranks {waiting} still running after {timeout:.0f} s:\n{self.report()}"
                 )
             time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        for log in logs:
-            log.close()
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def run_ranks(
+    case: str, tmp_path: Path, backend: str = "ring", timeout: float = TIMEOUT
+) -> list[dict]:
+    """Run the worker's ``case`` on two ranks of ``backend``; their JSON results, by rank."""
+    with Ranks([WORKER, case, tmp_path, backend], tmp_path, backend) as ranks:
+        ranks.wait(timeout)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def check(results: list[dict], expected_cases: int) -> None:
@@ -102,24 +176,32 @@ def check(results: list[dict], expected_cases: int) -> None:
         cases = {k: v for k, v in res.items() if isinstance(v, dict)}
         assert len(cases) == expected_cases, sorted(cases)
         for name, info in cases.items():
-            assert info["out"] <= TOL, (rank, name, info)
-            assert info.get("grad", 0.0) <= TOL, (rank, name, info)
+            tol = TOL_BF16 if name.endswith("bfloat16") else TOL
+            assert info["out"] <= tol, (rank, name, info)
+            assert info.get("grad", 0.0) <= tol, (rank, name, info)
             assert info.get("global_scale_kept", True), (rank, name, info)
 
 
 @pytest.mark.slow
-def test_layers_two_ranks(tmp_path):
-    results = run_ranks("layers", tmp_path)
-    check(results, expected_cases=len(ALL_MODES) * 3 + 1)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layers_two_ranks(backend, tmp_path):
+    results = run_ranks("layers", tmp_path, backend)
+    assert results[0]["device"] == ("Device(cpu, 0)" if backend == "ring" else "Device(gpu, 0)")
+    check(results, expected_cases=len(ALL_MODES) * 5 + 1)
     cases = results[0]
-    assert cases["fp8/all-to-sharded/segments=1"]["class"] == "QuantizedAllToShardedLinear"
-    assert cases["fp4/sharded-to-all/segments=1"]["class"] == "QuantizedShardedToAllLinear"
+    for mode in ALL_MODES:
+        for name in ("all-to-sharded/segments=1", "all-to-sharded/segments=3"):
+            assert cases[f"{mode}/{name}"]["class"] == "QuantizedAllToShardedLinear"
+        assert cases[f"{mode}/all-to-sharded/bfloat16"]["class"] == "QuantizedAllToShardedLinear"
+        for name in ("sharded-to-all/segments=1", "sharded-to-all/bfloat16"):
+            assert cases[f"{mode}/{name}"]["class"] == "QuantizedShardedToAllLinear"
     assert cases["switch/nvfp4-global-scale"]["class"] == "QuantizedSwitchLinear"
 
 
 @pytest.mark.slow
-def test_models_two_ranks(tmp_path):
-    results = run_ranks("llama", tmp_path)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_models_two_ranks(backend, tmp_path):
+    results = run_ranks("llama", tmp_path, backend)
     check(results, expected_cases=5)
     llama = ("mxfp4-convert", "mxfp4-shard-then-convert", "nvfp4-global-scale", "fp8")
     for res in results:
@@ -146,6 +228,119 @@ def test_hung_rank_times_out(tmp_path):
     with pytest.raises(RankFailed, match=r"ranks \[0, 1\] still running after 5 s"):
         run_ranks("hang", tmp_path, timeout=5)
     assert time.monotonic() - start < 15
+
+
+# ------------------------------------------------------ examples/sharded_generate.py
+
+LINE = re.compile(
+    r"^rank (\d) of 2: (unsharded|sharded over 2 \((?P<layer>[\w.]+), q_proj weight "
+    r"(?P<shape>\(\d+, \d+\))\)): (?P<rate>[\d.]+) tokens/s, tokens (?P<tokens>\[[\d, ]*\])",
+    re.M,
+)
+
+
+def generated(outputs: list[str]) -> list[dict]:
+    """Per rank, the example's lines: ``{"unsharded": match, "sharded": match}``."""
+    ranks = []
+    for rank, text in enumerate(outputs):
+        lines = {m[2].split(" ")[0]: m for m in LINE.finditer(text) if int(m[1]) == rank}
+        assert set(lines) == {"unsharded", "sharded"}, text
+        ranks.append(lines)
+    return ranks
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sharded_generate_two_ranks(backend, tmp_path):
+    with Ranks([EXAMPLE, "--backend", backend], tmp_path, backend) as ranks:
+        outputs = ranks.wait()
+    lines = generated(outputs)
+    tokens = json.loads(lines[0]["unsharded"]["tokens"])
+    assert len(tokens) == 16
+    for rank, out in enumerate(lines):
+        assert json.loads(out["unsharded"]["tokens"]) == tokens, rank
+        assert json.loads(out["sharded"]["tokens"]) == tokens, rank
+        assert out["sharded"]["layer"] == "mlx_fpqmm._sharded.QuantizedAllToShardedLinear"
+        assert out["sharded"]["shape"] == "(128, 32)"  # half of 256 rows, 256 fp4 / 32 words
+        assert f"rank {rank} of 2: {backend}, " in outputs[rank]
+        assert "same as unsharded: True (16/16 leading tokens)" in outputs[rank]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS[1:])  # the CPUs quantize 8B too slowly
+def test_sharded_generate_llama3_8b_shapes(backend, tmp_path):
+    argv = [EXAMPLE, "--backend", backend, "--model", "llama3-8b", "--tokens", "16"]
+    with Ranks(argv, tmp_path, backend) as ranks:
+        outputs = ranks.wait(600)
+    lines = generated(outputs)
+    for out in lines:
+        assert out["sharded"]["shape"] == "(2048, 512)"  # 4096 rows over 2, 4096 fp4 / 32
+        assert float(out["sharded"]["rate"]) > 0 and float(out["unsharded"]["rate"]) > 0
+    # all_sum gives every rank the same bits: the ranks' sharded tokens agree.
+    assert lines[0]["sharded"]["tokens"] == lines[1]["sharded"]["tokens"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sharded_generate_through_mlx_launch(backend, tmp_path):
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    launcher = shutil.which("mlx.launch", path=path)
+    assert launcher, f"no mlx.launch beside {sys.executable} or on PATH"
+    port = ["--starting-port" if backend == "ring" else "--nccl-port", str(free_ports(1)[0])]
+    cmd = [launcher, "--backend", backend, "-n", "2", *port, "--python", sys.executable]
+    done = subprocess.run(
+        [*cmd, "--", EXAMPLE, "--backend", backend],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    # mlx.launch exits with 0 whatever the ranks did: only their output tells.
+    assert "[WARN]" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert done.stdout.count("same as unsharded: True (16/16 leading tokens)") == 2, done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_sharded_generate_dead_rank(backend, how, tmp_path):
+    """Rank 1 is killed (or stopped) once it has generated unsharded: rank 0, in the sharded
+    model's collectives, ends with a message naming itself and the step, within a bound."""
+    argv = [EXAMPLE, "--backend", backend, "--tokens", "32", "--timeout", "3"]
+    with Ranks(argv, tmp_path, backend) as ranks:
+        ranks.wait_for(1, "rank 1 of 2: unsharded:")
+        # The whole process group: a stopped rank's own watchdog must not end it.
+        os.killpg(ranks.procs[1].pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        start = time.monotonic()
+        code = ranks.procs[0].wait(15)
+        elapsed = time.monotonic() - start
+        output = ranks.output(0)
+    step = r"in the sharded model's all_sum(, warm-up)? \(token \d+ of (4|32)\)"
+    lost = r"rank 0 of 2: lost another rank " + step
+    stuck = r"rank 0 of 2: no progress for 3 s " + step + "; another rank is dead or stuck"
+    if how == "killed" and backend == "ring":  # the ring backend sees the closed connection
+        assert code == 1, output
+        assert re.search(lost + r": \[ring\] connection to a peer was lost", output), output
+        assert elapsed < 5
+    elif how == "killed":  # NCCL: its error or the watchdog, whichever comes first
+        assert code in (1, -signal.SIGKILL) and re.search(f"{lost}|{stuck}", output), output
+        assert elapsed < 3 + 5
+    else:  # a stopped peer never answers: the watchdog ends rank 0
+        assert code == -signal.SIGKILL and re.search(stuck, output), output
+        assert elapsed < 3 + 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sharded_generate_missing_rank(backend, tmp_path):
+    """Rank 1 never starts: rank 0 waits in mx.distributed.init (which holds the GIL) until
+    the watchdog ends it."""
+    argv = [EXAMPLE, "--backend", backend, "--timeout", "2"]
+    with Ranks(argv, tmp_path, backend, start=[0]) as ranks:
+        code = ranks.procs[0].wait(30)
+        output = ranks.output(0)
+    assert code == -signal.SIGKILL, output
+    message = f"rank 0: no progress for 2 s in mx.distributed.init(backend='{backend}')"
+    assert message in output, output
 
 
 # ---------------------------------------------------------------- one process
