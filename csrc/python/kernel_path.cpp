@@ -456,7 +456,7 @@ void register_metal_bindings(nb::module_& m) {
           "None, "
           "kernel: typing.Optional[str] = None) -> dict"),
       R"pbdoc(
-        Which Metal kernel a call with these arguments runs, and why.
+        Which GPU kernel a call with these arguments runs, and why.
 
         Plans the call exactly as the GPU evaluation does, without running
         it. The arrays only lend their shapes and dtypes.
@@ -466,25 +466,32 @@ void register_metal_bindings(nb::module_& m) {
               :func:`quantized_matmul` / :func:`fp4_qmm`.
             lhs_indices, rhs_indices, sorted_indices: as for
               :func:`gather_qmm`: plan that call (the mixture-of-experts
-              kernels, ``fpqmm_gather_...``) instead.
-            device (str, optional): GPU architecture name such as
-              ``"applegpu_g16s"`` (generation 16, size class ``s``). Default:
-              this machine's GPU.
-            macos (str, optional): macOS version such as ``"26.2"``. Default:
-              this machine's, or the newest known elsewhere. Off macOS the
-              device is hypothetical, with the NAX metallib installed; on a
-              Mac, NAX needs this build to have installed it.
-            kernel (str, optional): ``"auto"``, ``"qmv"``, ``"mma"`` or
-              ``"nax"``. Default: ``MLX_FPQMM_KERNEL`` or ``"auto"``.
+              kernels) instead.
+            device (str, optional): ``"cuda"`` (this machine's NVIDIA GPU),
+              a compute capability such as ``"sm_90"`` (planned with that
+              part's usual SM count, no GPU needed), or an Apple GPU
+              architecture name such as ``"applegpu_g16s"`` (generation 16,
+              size class ``s``). Default: this machine's GPU.
+            macos (str, optional): Metal only: the macOS version such as
+              ``"26.2"``. Default: this machine's, or the newest known
+              elsewhere. Off macOS the device is hypothetical, with the NAX
+              metallib installed; on a Mac, NAX needs this build to have
+              installed it.
+            kernel (str, optional): Metal: ``"auto"``, ``"qmv"``, ``"mma"``
+              or ``"nax"``; CUDA: ``"auto"``, ``"qmv"`` or ``"simple"``.
+              Default: ``MLX_FPQMM_KERNEL`` or ``"auto"``.
 
         Returns:
-            dict: ``path`` (``"qmv"``, ``"mma"`` or ``"nax"``), ``note`` (why),
-            ``library`` (the metallib), ``kernel`` (the host name), ``grid``,
-            ``threadgroup``, ``block_m`` and ``block_n`` (the tile; 0 for
-            the decode kernels), ``threadgroup_memory``, ``constants`` and
-            ``buffers``; ``split_k`` (1, or the number of K slices whose
-            float32 partial sums, ``partials_elements`` in all, the
-            ``reduction`` dispatch adds into the output; else ``None``).
+            dict: ``backend`` (``"metal"`` or ``"cuda"``), ``path``,
+            ``note`` (why), ``kernel`` and ``output_shape``. Metal adds
+            ``library`` (the metallib), ``grid``, ``threadgroup``,
+            ``block_m`` and ``block_n`` (the tile; 0 for the decode
+            kernels), ``threadgroup_memory``, ``constants``, ``buffers``,
+            ``split_k`` and ``partials_elements`` (the float32 partial sums
+            that the ``reduction`` dispatch adds; else ``None``). CUDA adds
+            ``device``, ``sm_count``, ``grid``, ``block``, ``shared_bytes``,
+            ``split_k``, ``partials_bytes``, ``reduction`` (the split-K sum
+            launch, or ``None``) and ``batch_count``.
       )pbdoc");
 
   m.def(
