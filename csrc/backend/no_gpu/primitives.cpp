@@ -30,6 +30,9 @@ namespace {
       " (it was built with MLX_FPQMM_METAL=OFF)"
 #elif defined(MLX_FPQMM_NO_CUDA_KERNELS)
       " (it was built with MLX_FPQMM_CUDA=OFF)"
+#elif !defined(__APPLE__)
+      " (it was built against MLX's CPU build: for NVIDIA GPUs, build it "
+      "against mlx[cuda13] with pip install --no-build-isolation .)"
 #endif
       "; run the op on the CPU with stream=mx.cpu (or "
       "mx.set_default_device(mx.cpu)).");
