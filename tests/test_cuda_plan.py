@@ -48,7 +48,5 @@ def test_cuda_plan(tmp_path):
         check=True,
     )
     env = {k: v for k, v in os.environ.items() if k != "MLX_FPQMM_KERNEL"}
-    result = subprocess.run(
-        [str(binary)], capture_output=True, text=True, env=env
-    )
+    result = subprocess.run([str(binary)], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
