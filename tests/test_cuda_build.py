@@ -9,7 +9,6 @@ needed). A CUDA compile error cannot land."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from build_lists import cmake_lists, pinned_mlx_version
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("MLX_FPQMM_CACHE") or Path.home() / ".cache" / "mlx_fpqmm")
@@ -25,19 +25,6 @@ CACHE = Path(os.environ.get("MLX_FPQMM_CACHE") or Path.home() / ".cache" / "mlx_
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="MLX's CUDA build is Linux-only"
 )
-
-
-def cmake_lists() -> dict[str, list[str]]:
-    text = (ROOT / "cmake" / "sources.cmake").read_text()
-    text = re.sub(r"#.*", "", text)
-    return {name: values.split() for name, values in re.findall(r"set\((\w+)\s+([^)]*)\)", text)}
-
-
-def pinned_mlx_version() -> str:
-    text = (ROOT / "pyproject.toml").read_text()
-    versions = set(re.findall(r'"mlx(?:\[cpu\])?==([0-9.]+)', text))
-    assert len(versions) == 1, f"pyproject.toml pins several MLX versions: {versions}"
-    return versions.pop()
 
 
 def nvcc() -> str:

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from build_lists import cmake_lists, pinned_mlx_version
 from fpqmm_dev import mlx_metal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,22 +54,9 @@ LIBCXX_DEFINES = [
 ]
 
 
-def cmake_lists(root: Path = ROOT) -> dict[str, list[str]]:
-    """The set() lists of cmake/sources.cmake."""
-    text = re.sub(r"#.*", "", (root / "cmake" / "sources.cmake").read_text())
-    return {name: values.split() for name, values in re.findall(r"set\((\w+)\s+([^)]*)\)", text)}
-
-
 def macos_sources(root: Path = ROOT) -> list[str]:
     lists = cmake_lists(root)
     return lists["FPQMM_SOURCES"] + lists["FPQMM_ARM64_SOURCES"]
-
-
-def pinned_mlx_version() -> str:
-    text = (ROOT / "pyproject.toml").read_text()
-    versions = set(re.findall(r'"mlx(?:\[cpu\])?==([0-9.]+)', text))
-    assert len(versions) == 1, f"pyproject.toml pins several MLX versions: {versions}"
-    return versions.pop()
 
 
 def mlx_metal_wheel() -> Path:
