@@ -305,6 +305,11 @@ constexpr ScaleEncoding scale_encoding(
   return ScaleEncoding::float32;
 }
 
+// Bytes per element of a float type.
+constexpr int itemsize(FloatType type) {
+  return type == FloatType::float32 ? 4 : 2;
+}
+
 // Bytes per scale of an encoding.
 constexpr int scale_itemsize(ScaleEncoding encoding) {
   switch (encoding) {

@@ -256,7 +256,8 @@ nb::dict cuda_plan_dict(
     auto named = cuda::kernel_request_from_name(*kernel);
     if (!named) {
       throw std::invalid_argument(
-          "kernel='" + *kernel + "' is not one of 'auto', 'qmv', 'simple'.");
+          "kernel='" + *kernel +
+          "' is not one of 'auto', 'qmv', 'simple', 'qmv_staged'.");
     }
     request = *named;
   }
@@ -478,7 +479,8 @@ void register_metal_bindings(nb::module_& m) {
               metallib installed; on a Mac, NAX needs this build to have
               installed it.
             kernel (str, optional): Metal: ``"auto"``, ``"qmv"``, ``"mma"``
-              or ``"nax"``; CUDA: ``"auto"``, ``"qmv"`` or ``"simple"``.
+              or ``"nax"``; CUDA: ``"auto"``, ``"qmv"``, ``"simple"`` or
+              ``"qmv_staged"``.
               Default: ``MLX_FPQMM_KERNEL`` or ``"auto"``.
 
         Returns:

@@ -17,10 +17,6 @@ std::vector<int64_t> batch_strides(const mx::array& a, bool strides_known) {
 
 }  // namespace
 
-int itemsize(FloatType type) {
-  return type == FloatType::float32 ? 4 : 2;
-}
-
 int64_t QmmProblem::batch_count() const {
   int64_t count = 1;
   for (int size : batch_shape) {

@@ -17,8 +17,6 @@ namespace mlx_fpqmm {
 namespace mx = mlx::core;
 
 // Bytes of one element of x (or of y, which has x's type).
-int itemsize(FloatType type);
-
 // One FpQuantizedMatmul (or gather) call as the kernels see it: x is (batch...,
 // M, K), w and scales are (batch..., N or K, ...), y is (batch..., M, N)
 // contiguous. With 2-D weights every leading dimension of x is folded into M.
@@ -43,6 +41,9 @@ struct QmmProblem {
   int w_matrices = 0;
   // The caller says rhs_indices are sorted (mlx-lm's sorted tokens).
   bool right_sorted = false;
+  // The CUDA plan's: the bytes that both x's and w's data pointers are a
+  // multiple of (known at evaluation; 16 when the plan is only inspected).
+  int pointer_alignment = 16;
 
   int64_t batch_count() const;
 };

@@ -34,12 +34,15 @@ std::string_view encoding_name(ScaleEncoding encoding) {
 }
 
 std::string kernel_name(const KernelKey& key) {
-  std::string name = std::string(key.transpose ? "fpqmm_qmv_" : "fpqmm_qvm_") +
-                     std::string(codes_name(key.bits)) + "_" +
+  constexpr std::array<std::string_view, 4> families = {
+      "qmv", "qmv_staged", "qvm"};
+  std::string name = "fpqmm_" +
+                     std::string(families[static_cast<size_t>(key.family)]) +
+                     "_" + std::string(codes_name(key.bits)) + "_" +
                      std::string(encoding_name(key.encoding)) + "_" +
                      std::string(type_name(key.x_type));
-  if (key.transpose) {
-    name += "_x" + std::to_string(key.x_blocks * fc::kQmvXBlockRows);
+  if (key.x_blocks > 0) {
+    name += "_x" + std::to_string(key.x_blocks * fc::kXBlockRows);
   }
   return name;
 }
@@ -87,38 +90,13 @@ void fold_batch(const QmmProblem& p, KernelPlan& plan) {
   }
 }
 
-// Split K where the blocks alone would not fill the GPU: up to about two
-// blocks per SM, each split at least `min_step` codes of K (a multiple of
-// `step_multiple`). The partial sums cost 8 bytes per output and split
-// (written, read back) and a second kernel, so a grid of a block per SM or
-// more is not split.
-void plan_split_k(
-    const QmmProblem& p,
-    const CudaDevice& device,
-    int64_t blocks,
-    int step_multiple,
-    int min_step,
-    KernelPlan& plan) {
-  plan.split_k = 1;
-  plan.split_k_step = p.K;
-  if (blocks == 0 || blocks >= device.sm_count || p.K < 2 * min_step) {
-    return;
-  }
-  const int64_t wanted = ceil_div(2 * int64_t(device.sm_count), blocks);
-  const int64_t splits = std::min(wanted, int64_t(p.K / min_step));
-  const int64_t step = round_up(ceil_div(p.K, splits), step_multiple);
-  const int64_t actual = ceil_div(p.K, step);
-  if (actual < 2) {
-    return;
-  }
-  plan.split_k = static_cast<int>(actual);
-  plan.split_k_step = static_cast<int>(step);
-  plan.partials_bytes =
-      actual * plan.batch_count * int64_t(p.M) * p.N * int64_t(sizeof(float));
-  plan.note += "; split_k=" + std::to_string(actual) + ": " +
-               std::to_string(blocks) + " blocks for " +
-               std::to_string(device.sm_count) + " SMs";
+// Split K in `splits` of `step` codes: the float32 partials and the kernel
+// that adds them into y.
+void set_split_k(const QmmProblem& p, int splits, int step, KernelPlan& plan) {
+  plan.split_k = splits;
+  plan.split_k_step = step;
   const int64_t outputs = plan.batch_count * int64_t(p.M) * p.N;
+  plan.partials_bytes = splits * outputs * int64_t(sizeof(float));
   plan.reduction = Launch{
       "fpqmm_split_k_sum_" + std::string(type_name(p.x_type)),
       {static_cast<int>(std::min<int64_t>(
@@ -129,19 +107,88 @@ void plan_split_k(
       0};
 }
 
+// Split K where the blocks alone would not fill the GPU: where fewer than
+// half the blocks that run at once (`resident` per SM), up to about that
+// many, each split at least `min_step` codes of K (a multiple of
+// `step_multiple`). The partial sums cost 8 bytes per output and split
+// (written, read back) and a second kernel, so fuller grids are not split
+// (measured on the H200: fp_qmv on 448 blocks of 14336 x 4096 takes longer
+// split in 4 than not, on 256 of 4096 x 4096 9.1 us unsplit against 12.8
+// split in 3).
+void plan_split_k(
+    const QmmProblem& p,
+    const CudaDevice& device,
+    int64_t blocks,
+    int resident,
+    int step_multiple,
+    int min_step,
+    KernelPlan& plan) {
+  plan.split_k = 1;
+  plan.split_k_step = p.K;
+  const int64_t slots = int64_t(device.sm_count) * resident;
+  if (blocks == 0 || 2 * blocks >= slots || p.K < 2 * min_step) {
+    return;
+  }
+  const int64_t wanted = ceil_div(slots, blocks);
+  const int64_t splits = std::min(wanted, int64_t(p.K / min_step));
+  const int64_t step = round_up(ceil_div(p.K, splits), step_multiple);
+  const int64_t actual = ceil_div(p.K, step);
+  if (actual < 2) {
+    return;
+  }
+  set_split_k(p, static_cast<int>(actual), static_cast<int>(step), plan);
+  plan.note += "; split_k=" + std::to_string(actual) + ": " +
+               std::to_string(blocks) + " blocks for " +
+               std::to_string(device.sm_count) + " SMs";
+}
+
+// Blocks per SM of the kernels without launch bounds' minimum (about what
+// their shared memory and registers allow).
+constexpr int kStagedResident = 2;
+constexpr int kQvmResident = 2;
+
+// Why fp_qmv (W loaded straight into registers, code times scale rounded
+// to bfloat16) cannot take a transposed problem; empty when it can.
+std::string staged_reason(const QmmProblem& p, const Format& format) {
+  if (int64_t(p.K) * format.bits % 128 != 0) {
+    return "K=" + std::to_string(p.K) +
+           " leaves rows of W that are not whole 16-byte vectors";
+  }
+  bool aligned = p.pointer_alignment % 16 == 0;
+  for (size_t axis = 0; axis < p.x_batch_strides.size(); ++axis) {
+    aligned = aligned &&
+              p.x_batch_strides[axis] * itemsize(p.x_type) % 16 == 0 &&
+              p.w_batch_strides[axis] % 4 == 0;
+  }
+  if (!aligned) {
+    return "x or w is not 16-byte aligned";
+  }
+  const ScaleEncoding encoding = scale_encoding(p.mode, p.scale_type);
+  const bool float_scales =
+      encoding != ScaleEncoding::e8m0 && encoding != ScaleEncoding::e4m3;
+  if (float_scales && p.x_type == FloatType::float32) {
+    return "float32 x with float scales keeps code times scale in float32";
+  }
+  if (float_scales && format.bits == 4 && p.group_size < 32) {
+    return "E2M1 groups of 16 with float scales";
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string_view path_name(KernelPath path) {
-  constexpr std::array<std::string_view, 3> names = {"qmv", "qvm", "simple"};
+  constexpr std::array<std::string_view, 4> names = {"qmv", "qvm", "simple"};
   return names[static_cast<size_t>(path)];
 }
 
 namespace {
 
-constexpr RequestNames<KernelRequest, 3> kRequestNames = {
+constexpr RequestNames<KernelRequest, 4> kRequestNames = {
     {{"auto", KernelRequest::automatic},
      {"qmv", KernelRequest::decode},
-     {"simple", KernelRequest::simple}}};
+     {"simple", KernelRequest::simple},
+     {"qmv_staged", KernelRequest::staged}}};
 
 }  // namespace
 
@@ -189,16 +236,13 @@ std::optional<CudaDevice> device_from_name(std::string_view name) {
       {120, 170},
       {121, 48},
   }};
-  int sm_count = 0;
+  Part found = kParts.front();
   for (auto part : kParts) {
     if (part.capability <= number) {
-      sm_count = part.sm_count;
+      found = part;
     }
   }
-  if (sm_count == 0) {
-    sm_count = kParts.front().sm_count;
-  }
-  return CudaDevice{number / 10, number % 10, sm_count};
+  return CudaDevice{number / 10, number % 10, found.sm_count};
 }
 
 KernelPlan plan(
@@ -222,8 +266,9 @@ KernelPlan plan(
   const bool decode_rows = p.M <= kDecodeRows;
   switch (request) {
     case KernelRequest::decode:
+    case KernelRequest::staged:
       plan.path = p.transpose ? KernelPath::qmv : KernelPath::qvm;
-      plan.note = std::string(path_name(plan.path)) + " requested";
+      plan.note = std::string(request_name(request)) + " requested";
       break;
     case KernelRequest::simple:
       plan.path = KernelPath::simple;
@@ -242,43 +287,82 @@ KernelPlan plan(
       break;
   }
 
-  const int x_blocks = p.transpose && plan.path != KernelPath::simple &&
-                               p.M <= fc::kQmvXBlockRows
+  const int x_blocks = plan.path == KernelPath::qmv && p.M <= fc::kXBlockRows
                            ? 1
-                           : fc::kQmvMaxXBlocks;
+                           : fc::kMaxXBlocks;
+  KernelFamily family = KernelFamily::qvm;
+  if (p.transpose) {
+    const std::string staged_why = request == KernelRequest::staged
+                                       ? "requested"
+                                       : staged_reason(p, format);
+    family = staged_why.empty() ? KernelFamily::qmv : KernelFamily::qmv_staged;
+    if (!staged_why.empty()) {
+      plan.note += "; W staged in shared memory: " + staged_why;
+    }
+  }
+  const bool transposed_decode =
+      family == KernelFamily::qmv || family == KernelFamily::qmv_staged;
   plan.key = KernelKey{
-      p.transpose,
+      family,
       format.bits,
       scale_encoding(p.mode, p.scale_type),
       p.x_type,
-      p.transpose ? x_blocks : 0};
+      transposed_decode ? x_blocks : 0};
   plan.main.kernel = kernel_name(plan.key);
 
   int64_t column_blocks;
   int64_t m_blocks;
-  if (p.transpose) {
-    column_blocks = ceil_div(p.N, fc::kQmvRowsPerBlock);
-    m_blocks = ceil_div(p.M, x_blocks * fc::kQmvXBlockRows);
-    plan.main.block = {fc::kQmvWarps * fc::kWarpSize, 1, 1};
-    plan.main.shared_bytes =
-        fc::qmv_shared_bytes(format.bits, scale_itemsize(plan.key.encoding));
-  } else {
-    column_blocks = ceil_div(p.N, fc::kQvmColumnsPerBlock);
-    m_blocks = ceil_div(p.M, fc::kQvmRows);
-    plan.main.block = {fc::kQvmWarps * fc::kWarpSize, 1, 1};
-    plan.main.shared_bytes = fc::kQvmSharedBytes;
+  switch (family) {
+    case KernelFamily::qmv: {
+      const bool bfloat16_x = p.x_type == FloatType::bfloat16;
+      column_blocks = ceil_div(p.N, fc::qmv_rows_per_block(bfloat16_x));
+      m_blocks = ceil_div(p.M, x_blocks * fc::kXBlockRows);
+      plan.main.block = {fc::kQmvWarps * fc::kWarpSize, 1, 1};
+      plan.main.shared_bytes = fc::qmv_shared_bytes(bfloat16_x, x_blocks);
+      break;
+    }
+    case KernelFamily::qmv_staged:
+      column_blocks = ceil_div(p.N, fc::kStagedRowsPerBlock);
+      m_blocks = ceil_div(p.M, x_blocks * fc::kXBlockRows);
+      plan.main.block = {fc::kStagedWarps * fc::kWarpSize, 1, 1};
+      plan.main.shared_bytes = fc::staged_shared_bytes(
+          format.bits, scale_itemsize(plan.key.encoding));
+      break;
+    case KernelFamily::qvm:
+      column_blocks = ceil_div(p.N, fc::kQvmColumnsPerBlock);
+      m_blocks = ceil_div(p.M, fc::kQvmRows);
+      plan.main.block = {fc::kQvmWarps * fc::kWarpSize, 1, 1};
+      plan.main.shared_bytes = fc::kQvmSharedBytes;
+      break;
   }
   const int64_t blocks = column_blocks * m_blocks * plan.batch_count;
-  if (p.transpose) {
-    plan_split_k(
-        p,
-        device,
-        blocks,
-        fc::kQmvStageCodes,
-        fc::kQmvWarps * fc::kQmvStageCodes,
-        plan);
-  } else {
-    plan_split_k(p, device, blocks, fc::kQvmChunk, fc::kQvmChunk, plan);
+  switch (family) {
+    case KernelFamily::qmv: {
+      const int pass = fc::qmv_pass_codes(format.bits);
+      plan_split_k(
+          p,
+          device,
+          blocks,
+          fc::qmv_min_blocks(p.x_type == FloatType::bfloat16, x_blocks),
+          pass,
+          fc::kQmvWarps * pass,
+          plan);
+      break;
+    }
+    case KernelFamily::qmv_staged:
+      plan_split_k(
+          p,
+          device,
+          blocks,
+          kStagedResident,
+          fc::kStageCodes,
+          fc::kStagedWarps * fc::kStageCodes,
+          plan);
+      break;
+    case KernelFamily::qvm:
+      plan_split_k(
+          p, device, blocks, kQvmResident, fc::kQvmChunk, fc::kQvmChunk, plan);
+      break;
   }
   plan.main.grid = {
       static_cast<int>(column_blocks),

@@ -24,9 +24,8 @@ struct CudaDevice {
   int sm_count = 0;
 };
 
-// "sm_90", "sm_90a", "sm_121", "cuda:9.0": the capability, with the SM count
-// of the usual part of that capability (H100/H200: 132); nothing for other
-// names.
+// "sm_90", "sm_90a", "sm_121": the capability, with the SM count of the
+// usual part of that capability (H100/H200: 132); nothing for other names.
 std::optional<CudaDevice> device_from_name(std::string_view name);
 
 // The kernels need mma.sync on bfloat16 and cp.async: sm_80 and later.
@@ -36,22 +35,25 @@ inline constexpr int kMinimumMajor = 8;
 // simple: the same kernels tiled over M, for M above the decode range
 // (until the prefill kernels exist).
 enum class KernelPath { qmv, qvm, simple };
-enum class KernelRequest { automatic, decode, simple };
+enum class KernelRequest { automatic, decode, simple, staged };
 
 inline constexpr int kDecodeRows =
-    fpqmm::cuda::kQmvMaxXBlocks * fpqmm::cuda::kQmvXBlockRows;
+    fpqmm::cuda::kMaxXBlocks * fpqmm::cuda::kXBlockRows;
 
 std::string_view path_name(KernelPath path);
 std::optional<KernelRequest> kernel_request_from_name(std::string_view name);
 std::string_view request_name(KernelRequest request);  // "auto", ...
-// MLX_FPQMM_KERNEL=auto|qmv|simple (unset: auto; qmv asks for the decode
-// kernels of either orientation); throws on other values.
+// MLX_FPQMM_KERNEL=auto|qmv|simple|qmv_staged (unset: auto; qmv asks for the
+// decode kernels of either orientation, qmv_staged for x @ W^T's kernel
+// that stages W in shared memory); throws on other values.
 KernelRequest kernel_request_from_env();
 
-// The template arguments of the main kernel: fp_qmv<T, bits, encoding,
-// x_blocks> or fp_qvm<T, bits, encoding> (x_blocks 0).
+// The main kernel and its template arguments: fp_qmv<T, bits, encoding,
+// x_blocks>, fp_qmv_staged<...> or fp_qvm<T, bits, encoding> (x_blocks 0).
+enum class KernelFamily { qmv, qmv_staged, qvm };
+
 struct KernelKey {
-  bool transpose;
+  KernelFamily family;
   int bits;
   ScaleEncoding encoding;
   FloatType x_type;
@@ -89,15 +91,12 @@ struct KernelPlan {
 
 // Throws std::invalid_argument for a device the kernels do not run on.
 KernelPlan plan(
-    const QmmProblem& problem,
-    const CudaDevice& device,
-    KernelRequest request);
+    const QmmProblem& problem, const CudaDevice& device, KernelRequest request);
 
 // The kernel argument block of a plan, without the pointers (the caller
 // fills w, scales, global_scale, x, y, partials and, for gather, the
 // indices).
 fpqmm::cuda::QmmArgs kernel_args(
-    const QmmProblem& problem,
-    const KernelPlan& plan);
+    const QmmProblem& problem, const KernelPlan& plan);
 
 }  // namespace mlx_fpqmm::cuda

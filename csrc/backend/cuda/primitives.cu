@@ -5,6 +5,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -94,6 +95,16 @@ void add_launch(
       args);
 }
 
+// The bytes that every one of `arrays`' data pointers is a multiple of (at
+// most 256).
+int pointer_alignment(std::initializer_list<const mx::array*> arrays) {
+  uint64_t bits = 256;
+  for (const auto* a : arrays) {
+    bits |= reinterpret_cast<uint64_t>(mx::gpu_ptr<void>(*a));
+  }
+  return static_cast<int>(bits & (~bits + 1));
+}
+
 // Records `problem` on the stream: `inputs` in the order of `names`, the
 // pointers set by `bind` into the kernel arguments.
 template <typename Bind>
@@ -153,6 +164,8 @@ void FpQuantizedMatmul::eval_gpu(
   check_readable_in_place(inputs);
   auto problem = describe_problem(
       inputs, out.shape(), mode_, group_size_, transpose_, true);
+  problem.pointer_alignment =
+      pointer_alignment({&input(inputs, Input::x), &input(inputs, Input::w)});
   run(stream(), problem, inputs, out, [&](fc::QmmArgs& args) {
     args.w = mx::gpu_ptr<uint32_t>(input(inputs, Input::w));
     args.scales = mx::gpu_ptr<void>(input(inputs, Input::scales));
@@ -172,6 +185,8 @@ void FpGatherQuantizedMatmul::eval_gpu(
   }
   auto problem = describe_gather_problem(
       inputs, out.shape(), mode_, group_size_, transpose_, right_sorted_);
+  problem.pointer_alignment = pointer_alignment(
+      {&input(inputs, GatherInput::x), &input(inputs, GatherInput::w)});
   run(stream(), problem, inputs, out, [&](fc::QmmArgs& args) {
     args.w = mx::gpu_ptr<uint32_t>(input(inputs, GatherInput::w));
     args.scales = mx::gpu_ptr<void>(input(inputs, GatherInput::scales));

@@ -3,7 +3,6 @@
 
 namespace fpqmm::cuda {
 
-template const void* kernel_for<__half, 4>(
-    const mlx_fpqmm::cuda::KernelKey&);
+template const void* kernel_for<__half, 4>(const mlx_fpqmm::cuda::KernelKey&);
 
 }  // namespace fpqmm::cuda

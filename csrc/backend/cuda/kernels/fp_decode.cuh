@@ -56,42 +56,46 @@ __device__ __forceinline__ P splat(float value) {
 }
 
 // Where a code's magnitude bits go in a 16-bit float, and the power of two
-// that then restores its value. E2M1's three magnitude bits become the low
-// exponent bits and the top mantissa bit, E4M3's seven the low exponent
-// bits and the top three mantissa bits; the codes' subnormals land on the
-// float's subnormals, which the multiply makes normal again.
+// that then restores its value (2^fixup_exponent, as a pair: fixup). E2M1's
+// three magnitude bits become the low exponent bits and the top mantissa bit,
+// E4M3's seven the low exponent bits and the top three mantissa bits; the
+// codes' subnormals land on the float's subnormals, which the multiply makes
+// normal again.
 template <typename H, int bits>
 struct CodeLayout;
 template <>
 struct CodeLayout<__half, 4> {
   static constexpr int magnitude_bit = 9;
-  static constexpr uint32_t fixup = 0x74007400u;  // 2^14
+  static constexpr int fixup_exponent = 14;
+  static constexpr uint32_t fixup = 0x74007400u;
 };
 template <>
 struct CodeLayout<__nv_bfloat16, 4> {
   static constexpr int magnitude_bit = 6;
-  static constexpr uint32_t fixup = 0x7E807E80u;  // 2^126
+  static constexpr int fixup_exponent = 126;
+  static constexpr uint32_t fixup = 0x7E807E80u;
 };
 template <>
 struct CodeLayout<__half, 8> {
   static constexpr int magnitude_bit = 7;
-  static constexpr uint32_t fixup = 0x5C005C00u;  // 2^8
+  static constexpr int fixup_exponent = 8;
+  static constexpr uint32_t fixup = 0x5C005C00u;
 };
 template <>
 struct CodeLayout<__nv_bfloat16, 8> {
   static constexpr int magnitude_bit = 4;
-  static constexpr uint32_t fixup = 0x7B807B80u;  // 2^120
+  static constexpr int fixup_exponent = 120;
+  static constexpr uint32_t fixup = 0x7B807B80u;
 };
 
 // Codes p and p + 16 / bits of `word` (16 bits apart) as the low and high
-// halves of a pair, exactly. E4M3 magnitude 0x7F is NaN: only its increment
-// carries past the magnitude bits, and that carry, spread over the float's
-// remaining exponent bits, makes the pair's half a NaN.
+// halves of a pair, each the code's value divided by the layout's fixup
+// (exactly: the float's subnormals included). E4M3 magnitude 0x7F is NaN:
+// only its increment carries past the magnitude bits, and that carry,
+// spread over the float's remaining exponent bits, makes the pair's half a
+// NaN.
 template <typename H, int bits>
-__device__ __forceinline__ typename Pair<H>::type decode_pair(
-    uint32_t word,
-    int p) {
-  using P = typename Pair<H>::type;
+__device__ __forceinline__ uint32_t code_pair_bits(uint32_t word, int p) {
   using Layout = CodeLayout<H, bits>;
   constexpr int shift = Layout::magnitude_bit;
   constexpr uint32_t lanes = 0x00010001u;
@@ -106,8 +110,17 @@ __device__ __forceinline__ typename Pair<H>::type decode_pair(
         (magnitude + (lanes << shift)) & (lanes << carry_bit);
     magnitude |= carry * ((1u << exponent_bits_left) - 1);
   }
+  return sign | magnitude;
+}
+
+// Codes p and p + 16 / bits of `word` as a pair, exactly.
+template <typename H, int bits>
+__device__ __forceinline__ typename Pair<H>::type decode_pair(
+    uint32_t word, int p) {
+  using P = typename Pair<H>::type;
   return __hmul2(
-      pair_from_bits<P>(sign | magnitude), pair_from_bits<P>(Layout::fixup));
+      pair_from_bits<P>(code_pair_bits<H, bits>(word, p)),
+      pair_from_bits<P>(CodeLayout<H, bits>::fixup));
 }
 
 // E8M0: byte b is 2^(b - 127); MLX decodes byte 0 as 2^-127 (a float
@@ -159,10 +172,8 @@ __device__ __forceinline__ float decode_scale(
 // nvfp4's global-scale factor for W matrix `matrix`: it multiplies every
 // group scale, in float (it is ~1e-5, too small for a 16-bit float).
 __device__ __forceinline__ float global_factor(
-    const float* global_scale,
-    int64_t matrix) {
-  return global_scale ? global_scale[matrix] / kNvfp4GlobalScaleDivisor
-                      : 1.0f;
+    const float* global_scale, int64_t matrix) {
+  return global_scale ? global_scale[matrix] / kNvfp4GlobalScaleDivisor : 1.0f;
 }
 
 }  // namespace fpqmm::cuda

@@ -39,8 +39,8 @@ __device__ __forceinline__ Operands<T, encoding> batch_operands(
   if (args.lhs_indices) {
     const uint32_t lhs = args.lhs_indices[batch];
     const uint32_t rhs = args.rhs_indices[batch];
-    const bool valid = lhs < uint32_t(args.x_matrices) &&
-        rhs < uint32_t(args.w_matrices);
+    const bool valid =
+        lhs < uint32_t(args.x_matrices) && rhs < uint32_t(args.w_matrices);
     const int64_t expert = valid ? rhs : 0;
     return {
         args.w + expert * w_matrix_words,
@@ -89,9 +89,9 @@ __device__ __forceinline__ void warp_copy_rows(
     int row_bytes,
     int valid_bytes,
     int lane) {
-  const uint64_t alignment =
-      reinterpret_cast<uint64_t>(src) | uint64_t(src_stride) |
-      uint64_t(dst_stride) | uint64_t(row_bytes) | uint64_t(valid_bytes);
+  const uint64_t alignment = reinterpret_cast<uint64_t>(src) |
+                             uint64_t(src_stride) | uint64_t(dst_stride) |
+                             uint64_t(row_bytes) | uint64_t(valid_bytes);
   auto* out = static_cast<uint8_t*>(dst);
   auto copy = [&](auto width_constant) {
     constexpr int width = decltype(width_constant)::value;
@@ -99,9 +99,8 @@ __device__ __forceinline__ void warp_copy_rows(
     for (int piece = lane; piece < rows * per_row; piece += kWarpSize) {
       const int row = piece / per_row;
       const int offset = piece % per_row * width;
-      const int available = row < valid_rows
-          ? max(0, min(width, valid_bytes - offset))
-          : 0;
+      const int available =
+          row < valid_rows ? max(0, min(width, valid_bytes - offset)) : 0;
       // A zero-length copy still takes a readable address.
       const uint8_t* from =
           available > 0 ? src + row * src_stride + offset : src;

@@ -1,398 +1,360 @@
-// y = x @ W^T for the decode range (and, tiled over M, beyond it): W (N, K)
-// grouped along K, on the tensor cores. Each mma step multiplies 16 rows of
-// W by 16 consecutive codes of K (so one group: every group size is a
-// multiple of 16) with 8 rows of x, in float32: the group's partial sums
-// are scaled in float32 once per group and row, as mx.dequantize then a
-// float32 matmul would.
+// y = x @ W^T for the decode range: W (N, K) grouped along K, on the tensor
+// cores, fed from device memory straight into registers. A lane loads 16
+// bytes of each of its two rows of a tile (a quad of lanes: 64 contiguous
+// bytes of a row) and takes them apart into mma steps together with the same
+// codes of x. A step's codes then span the groups of the quad's lanes, so
+// the scale cannot wait for the float32 sums: it is multiplied into the
+// bfloat16 pairs of codes, exactly for the MLX formats (a power of two or
+// an E4M3 scale times an E2M1 or E4M3 code fits bfloat16's 8 significant
+// bits). float16 and float32 x enter as bfloat16 high and low parts.
 #pragma once
 
-#include "backend/cuda/kernels/fp_operands.cuh"
+#include "backend/cuda/kernels/fp_mma.cuh"
 
 namespace fpqmm::cuda {
 
-// One mma.sync m16n8k16 step, float32 accumulation: c += a * b.
-template <typename H>
-__device__ __forceinline__ void mma_step(
-    float (&c)[4],
-    const uint32_t (&a)[4],
-    const uint32_t (&b)[2]) {
-  if constexpr (std::is_same_v<H, __half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
+using Bf16Pair = __nv_bfloat162;
+
+// The bfloat16 mma steps of one pair of x values: one for bfloat16 x, a high
+// and a low part for float16 and float32 x (16 of their significant bits,
+// all of float16's).
+template <typename T>
+inline constexpr int kXParts = std::is_same_v<T, __nv_bfloat16> ? 1 : 2;
+
+// E4M3 scales (nvfp4) reach 448: their product with the E2M1 fixup would
+// leave bfloat16's range, so the multipliers are 2^kE4M3ScaleShift smaller
+// and the float32 sums make up for it.
+inline constexpr int kE4M3ScaleShift = 16;
+
+template <int encoding>
+__host__ __device__ constexpr int scale_shift() {
+  return encoding == kScaleE4M3 ? kE4M3ScaleShift : 0;
 }
 
-// The lanes of a warp in the mma fragments: lane = 4 * group + thread.
-// In a step over codes [k, k + 16) the thread holds codes k + 4 * thread +
-// {0, 2} and {1, 3} as two pairs, of W rows `group` and `group + 8` (the A
-// fragment) and of x row `group` (the B fragment): any order of K within a
-// step is the same sum, and this one is a single 16- or 32-bit piece of a
-// packed row per thread.
-struct FragmentLane {
-  int group;   // 0..7
-  int thread;  // 0..3
+__device__ __forceinline__ float power_of_two(int exponent) {
+  return __int_as_float((127 + exponent) << 23);
+}
+
+// A lane's codes of a pass: 16 bytes of a row (32 E2M1 or 16 E4M3 codes),
+// one group of them, or two of nvfp4's groups of 16.
+template <int bits, int encoding>
+inline constexpr int kChunkGroups = bits == 4 && encoding == kScaleE4M3 ? 2 : 1;
+
+// The pair that multiplies a group's code pairs: its scale times the
+// layout's fixup (2^-scale_shift of it). Where that product leaves
+// bfloat16's range (a finite scale of 4 or more with E2M1 codes) the fixup
+// alone multiplies first and the scale second (`two_steps`).
+template <int bits, int encoding>
+__device__ __forceinline__ float scaled_fixup(float scale) {
+  return scale * power_of_two(
+                     CodeLayout<__nv_bfloat16, bits>::fixup_exponent -
+                     scale_shift<encoding>());
+}
+
+template <int bits, int encoding>
+__device__ __forceinline__ bool needs_two_steps(float scale) {
+  // Floats from halfway past bfloat16's largest value round to infinity.
+  return fabsf(scaled_fixup<bits, encoding>(scale)) >=
+             __uint_as_float(0x7F7F8000u) &&
+         isfinite(scale);
+}
+
+struct Multipliers {
+  uint32_t first;
+  uint32_t second;
 };
 
-// This thread's four codes of a step, as a word whose pairs 0 and 1 (codes
-// 16 bits apart) are codes {0, 2} and {1, 3}. `row` is the step's first
-// byte in a staged row of W.
-template <int bits>
-__device__ __forceinline__ uint32_t step_codes(
-    const uint8_t* row,
-    FragmentLane lane) {
-  if constexpr (bits == 4) {
-    const uint32_t piece =
-        *reinterpret_cast<const uint16_t*>(row + 2 * lane.thread);
-    return __byte_perm(piece, 0, 0x4140);
-  } else {
-    return *reinterpret_cast<const uint32_t*>(row + 4 * lane.thread);
+template <int bits, int encoding>
+__device__ __forceinline__ Multipliers two_step_multipliers(float scale) {
+  constexpr uint32_t kOne = 0x3F803F80u;
+  if (needs_two_steps<bits, encoding>(scale)) {
+    return {
+        bits_of(__float2bfloat162_rn(power_of_two(
+            CodeLayout<__nv_bfloat16, bits>::fixup_exponent -
+            scale_shift<encoding>()))),
+        bits_of(__float2bfloat162_rn(scale))};
   }
+  return {
+      bits_of(__float2bfloat162_rn(scaled_fixup<bits, encoding>(scale))), kOne};
 }
 
-// B fragments of one step for x rows [row, row + 8): the pairs of x at this
-// thread's codes. float32 x is split into bfloat16 high and low parts, two
-// mma steps whose sum keeps 16 of x's 24 significant bits (the codes are
-// exact in bfloat16, the products and sums are float32); an infinite x has
-// no low part.
-template <typename T>
-struct XFragment {
-  static constexpr int parts = std::is_same_v<T, float> ? 2 : 1;
-  uint32_t b[parts][2];
-};
-
-// Four values of x as loaded (one vector load), zero past M.
-template <typename T>
-using XLoad = std::conditional_t<std::is_same_v<T, float>, float4, uint2>;
-
-template <typename T>
-__device__ __forceinline__ XLoad<T> load_x(const T* x_row, bool valid) {
-  return valid ? *reinterpret_cast<const XLoad<T>*>(x_row) : XLoad<T>{};
-}
-
-template <typename T>
-__device__ __forceinline__ XFragment<T> x_fragment(const XLoad<T>& v) {
-  XFragment<T> f;
+// Pair p of x's values of a word of codes (the values of codes p and p +
+// 16 / bits, as decode_pair pairs the codes), as the mma's B halves: `words`
+// are x's 32-bit words over the word's codes, as loaded.
+template <typename T, int bits>
+__device__ __forceinline__ void x_pair(
+    const uint32_t* words, int p, uint32_t (&parts)[kXParts<T>]) {
+  constexpr int stride = 16 / bits;
   if constexpr (std::is_same_v<T, float>) {
-    const float values[4] = {v.x, v.y, v.z, v.w};
-    float low[4];
-    __nv_bfloat16 high[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      high[i] = __float2bfloat16_rn(values[i]);
-      const float rest = __bfloat162float(high[i]);
-      low[i] = values[i] == rest ? 0.0f : values[i] - rest;
-    }
-    f.b[0][0] = bits_of(__halves2bfloat162(high[0], high[2]));
-    f.b[0][1] = bits_of(__halves2bfloat162(high[1], high[3]));
-    f.b[1][0] = bits_of(__floats2bfloat162_rn(low[0], low[2]));
-    f.b[1][1] = bits_of(__floats2bfloat162_rn(low[1], low[3]));
+    const float a = __uint_as_float(words[p]);
+    const float b = __uint_as_float(words[p + stride]);
+    const Bf16Pair high = __floats2bfloat162_rn(a, b);
+    const float rest_a = __low2float(high);
+    const float rest_b = __high2float(high);
+    // An infinite value has no low part.
+    parts[0] = bits_of(high);
+    parts[1] = bits_of(__floats2bfloat162_rn(
+        a == rest_a ? 0.0f : a - rest_a, b == rest_b ? 0.0f : b - rest_b));
   } else {
-    f.b[0][0] = __byte_perm(v.x, v.y, 0x5410);
-    f.b[0][1] = __byte_perm(v.x, v.y, 0x7632);
+    const uint32_t selector = p % 2 ? 0x7632 : 0x5410;
+    const uint32_t pair =
+        __byte_perm(words[p / 2], words[(p + stride) / 2], selector);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      parts[0] = pair;
+    } else {
+      const float2 v = __half22float2(pair_from_bits<__half2>(pair));
+      const Bf16Pair high = __floats2bfloat162_rn(v.x, v.y);
+      const float rest_a = __low2float(high);
+      const float rest_b = __high2float(high);
+      parts[0] = bits_of(high);
+      parts[1] = bits_of(__floats2bfloat162_rn(
+          v.x == rest_a ? 0.0f : v.x - rest_a,
+          v.y == rest_b ? 0.0f : v.y - rest_b));
+    }
   }
-  return f;
 }
 
-// A warp's staged block of W: kQmvRowsPerBlock rows of one stage's codes,
-// then their scales.
-template <int bits, typename S>
-struct StageLayout {
-  static constexpr int row_bytes = kQmvStageCodes * bits / 8;
-  static constexpr int row_stride = qmv_stage_row_bytes(bits);
-  static constexpr int scales_offset = kQmvRowsPerBlock * row_stride;
-  static constexpr int scales_stride = kQmvStageGroups * sizeof(S);
-  static constexpr int bytes = qmv_stage_bytes(bits, sizeof(S));
-};
-
-// y rows [m0, m0 + x_blocks * 8) and W rows [n0, n0 + kQmvRowsPerBlock) over
-// K range [k_begin, k_end) of one product; every warp of the block calls it
-// and the block's partial sums end in `out` (y, or float32 partials with
-// split K).
+// W rows [n0, n0 + qmv_rows_per_block) times x rows [m0, m0 + x_blocks * 8)
+// over K range [k_begin, k_end) of one product: every warp of the block
+// calls it, taking every kQmvWarps-th pass of the quads over K, and the
+// block's sums end in `out` (y, or float32 partials with split K).
 template <typename T, int bits, int encoding, int x_blocks>
 __device__ __forceinline__ void fp_qmv_impl(
     const QmmArgs& args,
     const Operands<T, encoding>& op,
-    uint8_t* shared,
+    float* reduction,
     int m0,
     int n0,
     int k_begin,
     int k_end,
     T* y,
     float* partials) {
-  using H = typename MmaType<T>::type;
-  using P = typename Pair<H>::type;
   using S = typename ScaleStorage<encoding>::type;
-  using Layout = StageLayout<bits, S>;
-  constexpr int tiles = kQmvTilesPerWarp;
+  constexpr int tiles = qmv_tiles(std::is_same_v<T, __nv_bfloat16>);
+  constexpr int groups = kChunkGroups<bits, encoding>;
+  constexpr int chunk_codes = 128 / bits;
+  constexpr int word_codes = 32 / bits;
+  constexpr int pass_codes = 4 * chunk_codes;
+  constexpr int steps_per_word = word_codes / 4;
+  // x's 32-bit words over a chunk and over a word of codes.
+  constexpr int x_chunk_words = chunk_codes * int(sizeof(T)) / 4;
+  constexpr int x_word_words = word_codes * int(sizeof(T)) / 4;
 
   const int M = args.M;
   const int N = args.N;
   const int K = args.K;
-  const int group_size = args.group_size;
   const int warp = threadIdx.x / kWarpSize;
-  const int lane_index = threadIdx.x % kWarpSize;
-  const FragmentLane lane{lane_index / 4, lane_index % 4};
-  const int64_t w_row_bytes = int64_t(K) * bits / 8;
-  const int64_t scales_per_row = K / group_size;
-  uint8_t* stages = shared + warp * kQmvStages * Layout::bytes;
+  const FragmentLane lane = fragment_lane(threadIdx.x % kWarpSize);
+  const uint32_t row_chunks = K / chunk_codes;
+  const uint32_t scales_per_row = K / args.group_size;
+  // Group sizes are powers of two: a shift, not a division, per pass.
+  const int group_shift = __ffs(args.group_size) - 1;
+  const int passes =
+      op.valid ? (k_end - k_begin + pass_codes - 1) / pass_codes : 0;
 
-  const int stage_count = (k_end - k_begin + kQmvStageCodes - 1) /
-      kQmvStageCodes;
-  const int my_stages = op.valid && warp < stage_count
-      ? (stage_count - warp + kQmvWarps - 1) / kQmvWarps
-      : 0;
+  // This lane's rows of W (rows past N read row 0 and count for nothing),
+  // as offsets from the matrix in vectors and in scales.
+  uint32_t w_offsets[tiles][2];
+  uint32_t scale_offsets[tiles][2];
+  bool row_in[tiles][2];
+#pragma unroll
+  for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = n0 + t * kTileRows + h * 8 + lane.group;
+      row_in[t][h] = n < N;
+      w_offsets[t][h] = row_in[t][h] ? n * row_chunks : 0;
+      scale_offsets[t][h] = row_in[t][h] ? n * scales_per_row : 0;
+    }
+  }
+  const auto* w_vectors = reinterpret_cast<const uint4*>(op.w);
 
-  auto issue = [&](int j) {
-    const int k0 = k_begin + (warp + j * kQmvWarps) * kQmvStageCodes;
-    const int codes = min(kQmvStageCodes, k_end - k0);
-    uint8_t* stage = stages + j % kQmvStages * Layout::bytes;
-    warp_copy_rows(
-        stage,
-        Layout::row_stride,
-        reinterpret_cast<const uint8_t*>(op.w) + n0 * w_row_bytes +
-            int64_t(k0) * bits / 8,
-        w_row_bytes,
-        kQmvRowsPerBlock,
-        N - n0,
-        Layout::row_bytes,
-        codes * bits / 8,
-        lane_index);
-    warp_copy_rows(
-        stage + Layout::scales_offset,
-        Layout::scales_stride,
-        reinterpret_cast<const uint8_t*>(
-            op.scales + n0 * scales_per_row + k0 / group_size),
-        scales_per_row * sizeof(S),
-        kQmvRowsPerBlock,
-        N - n0,
-        kQmvStageCodes / group_size * int(sizeof(S)),
-        codes / group_size * int(sizeof(S)),
-        lane_index);
+  float sums[tiles][x_blocks][4];
+#pragma unroll
+  for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+    for (int b = 0; b < x_blocks; ++b) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        sums[t][b][i] = op.valid ? 0.0f : quiet_nan();
+      }
+    }
+  }
+
+  // A pass's codes and scales (as stored): loaded one pass ahead of the
+  // multiplies, so that a warp's loads of W are in flight while it
+  // computes. x, read by every block, comes from the caches when the pass
+  // starts.
+  struct Pass {
+    uint4 codes[tiles][2];
+    S scales[tiles][2][groups];
+  };
+  auto load = [&](int pass, Pass& to) {
+    const int k = k_begin + pass * pass_codes + lane.thread * chunk_codes;
+    const bool chunk_in = pass < passes && k < k_end;
+#pragma unroll
+    for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bool in = chunk_in && row_in[t][h];
+        to.codes[t][h] =
+            in ? __ldg(w_vectors + w_offsets[t][h] + k / chunk_codes)
+               : uint4{0, 0, 0, 0};
+#pragma unroll
+        for (int g = 0; g < groups; ++g) {
+          const int group = (k + g * (chunk_codes / groups)) >> group_shift;
+          to.scales[t][h][g] =
+              in ? __ldg(op.scales + scale_offsets[t][h] + group) : S(0);
+        }
+      }
+    }
   };
 
-  float acc[tiles][x_blocks][4];
-#pragma unroll
-  for (int t = 0; t < tiles; ++t) {
+  Pass next;
+  load(warp, next);
+  for (int pass = warp; pass < passes; pass += kQmvWarps) {
+    const Pass current = next;
+    load(pass + kQmvWarps, next);
+    const auto& codes = current.codes;
+    const int k = k_begin + pass * pass_codes + lane.thread * chunk_codes;
+    const bool chunk_in = k < k_end;
+    uint32_t x_words[x_blocks][x_chunk_words];
 #pragma unroll
     for (int b = 0; b < x_blocks; ++b) {
+      const int m = m0 + b * kXBlockRows + lane.group;
+      const bool in = chunk_in && m < M;
+      const auto* from =
+          reinterpret_cast<const uint4*>(op.x + int64_t(in ? m : 0) * K + k);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc[t][b][i] = op.valid ? 0.0f : quiet_nan();
+      for (int v = 0; v < x_chunk_words / 4; ++v) {
+        const uint4 loaded = in ? __ldg(from + v) : uint4{0, 0, 0, 0};
+        x_words[b][4 * v] = loaded.x;
+        x_words[b][4 * v + 1] = loaded.y;
+        x_words[b][4 * v + 2] = loaded.z;
+        x_words[b][4 * v + 3] = loaded.w;
       }
     }
-  }
-
+    float scales[tiles][2][groups];
+    bool two_steps = false;
 #pragma unroll
-  for (int j = 0; j < kQmvStages - 1; ++j) {
-    if (j < my_stages) {
-      issue(j);
-    }
-    __pipeline_commit();
-  }
-  const int steps_per_group = group_size / kQmvStepCodes;
-  for (int j = 0; j < my_stages; ++j) {
-    if (j + kQmvStages - 1 < my_stages) {
-      issue(j + kQmvStages - 1);
-    }
-    __pipeline_commit();
-    const int k0 = k_begin + (warp + j * kQmvWarps) * kQmvStageCodes;
-    const int steps = min(kQmvStageCodes, k_end - k0) / kQmvStepCodes;
-    // The stage's x, loaded while its W and scales arrive: one wait for
-    // all its steps.
-    XLoad<T> x_loads[kQmvStageCodes / kQmvStepCodes][x_blocks];
+    for (int t = 0; t < tiles; ++t) {
 #pragma unroll
-    for (int s = 0; s < kQmvStageCodes / kQmvStepCodes; ++s) {
+      for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int b = 0; b < x_blocks; ++b) {
-        const int m = m0 + b * kQmvXBlockRows + lane.group;
-        x_loads[s][b] = load_x(
-            op.x + int64_t(m) * K + k0 + s * kQmvStepCodes + 4 * lane.thread,
-            m < M && s < steps);
-      }
-    }
-    __pipeline_wait_prior(kQmvStages - 1);
-    __syncwarp();
-
-    const uint8_t* stage = stages + j % kQmvStages * Layout::bytes;
-    // Per row of this thread: the group's scale, applied to the float32
-    // partial sums (outside), or, when it is not finite, multiplied into
-    // the codes (inside) so that zeros and opposite infinities give NaN
-    // element by element.
-    float outside[tiles][2];
-    P inside[tiles][2];
-    bool scale_inside = false;
-    float sums[tiles][x_blocks][4];
-#pragma unroll
-    for (int s = 0; s < kQmvStageCodes / kQmvStepCodes; ++s) {
-      if (s >= steps) {
-        break;
-      }
-      if (s % steps_per_group == 0) {
-        bool nonfinite = false;
-#pragma unroll
-        for (int t = 0; t < tiles; ++t) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = t * kQmvTileRows + h * 8 + lane.group;
-            const S stored = reinterpret_cast<const S*>(
-                stage + Layout::scales_offset +
-                row * Layout::scales_stride)[s / steps_per_group];
-            const float scale = decode_scale<encoding>(stored) * op.factor;
-            const bool finite = isfinite(scale);
-            nonfinite |= !finite;
-            outside[t][h] = finite ? scale : 1.0f;
-            inside[t][h] = splat<P>(finite ? 1.0f : scale);
-          }
-        }
-        scale_inside = __any_sync(0xFFFFFFFFu, nonfinite);
-#pragma unroll
-        for (int t = 0; t < tiles; ++t) {
-#pragma unroll
-          for (int b = 0; b < x_blocks; ++b) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              sums[t][b][i] = 0.0f;
-            }
-          }
+        for (int g = 0; g < groups; ++g) {
+          scales[t][h][g] = decode_scale<encoding>(current.scales[t][h][g]);
+          two_steps |= needs_two_steps<bits, encoding>(scales[t][h][g]);
         }
       }
+    }
 
-      XFragment<T> x_fragments[x_blocks];
-#pragma unroll
-      for (int b = 0; b < x_blocks; ++b) {
-        x_fragments[b] = x_fragment<T>(x_loads[s][b]);
-      }
+    auto multiply = [&](auto two_steps_constant) {
+      constexpr bool two = decltype(two_steps_constant)::value;
+      Multipliers multipliers[tiles][2][groups];
 #pragma unroll
       for (int t = 0; t < tiles; ++t) {
-        uint32_t a[4];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = t * kQmvTileRows + h * 8 + lane.group;
-          const uint32_t codes = step_codes<bits>(
-              stage + row * Layout::row_stride + s * kQmvStepCodes * bits / 8,
-              lane);
-          P low = decode_pair<H, bits>(codes, 0);
-          P high = decode_pair<H, bits>(codes, 1);
-          if (scale_inside) {
-            low = __hmul2(low, inside[t][h]);
-            high = __hmul2(high, inside[t][h]);
-          }
-          a[h] = bits_of(low);
-          a[2 + h] = bits_of(high);
-        }
 #pragma unroll
-        for (int b = 0; b < x_blocks; ++b) {
-#pragma unroll
-          for (int part = 0; part < XFragment<T>::parts; ++part) {
-            mma_step<H>(sums[t][b], a, x_fragments[b].b[part]);
-          }
-        }
-      }
-
-      if ((s + 1) % steps_per_group == 0) {
-#pragma unroll
-        for (int t = 0; t < tiles; ++t) {
-#pragma unroll
-          for (int b = 0; b < x_blocks; ++b) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              acc[t][b][i] =
-                  fmaf(sums[t][b][i], outside[t][i / 2], acc[t][b][i]);
+          for (int g = 0; g < groups; ++g) {
+            if constexpr (two) {
+              multipliers[t][h][g] =
+                  two_step_multipliers<bits, encoding>(scales[t][h][g]);
+            } else {
+              multipliers[t][h][g].first = bits_of(__float2bfloat162_rn(
+                  scaled_fixup<bits, encoding>(scales[t][h][g])));
             }
           }
         }
       }
+#pragma unroll
+      for (int word = 0; word < 4; ++word) {
+        const int g = word * groups / 4;
+#pragma unroll
+        for (int s = 0; s < steps_per_word; ++s) {
+          uint32_t b_parts[x_blocks][2][kXParts<T>];
+#pragma unroll
+          for (int b = 0; b < x_blocks; ++b) {
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+              x_pair<T, bits>(
+                  x_words[b] + word * x_word_words, 2 * s + q, b_parts[b][q]);
+            }
+          }
+#pragma unroll
+          for (int t = 0; t < tiles; ++t) {
+            uint32_t a[4];
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const uint32_t row_word =
+                    reinterpret_cast<const uint32_t*>(&codes[t][h])[word];
+                Bf16Pair pair = __hmul2(
+                    pair_from_bits<Bf16Pair>(
+                        code_pair_bits<__nv_bfloat16, bits>(
+                            row_word, 2 * s + q)),
+                    pair_from_bits<Bf16Pair>(multipliers[t][h][g].first));
+                if constexpr (two) {
+                  pair = __hmul2(
+                      pair,
+                      pair_from_bits<Bf16Pair>(multipliers[t][h][g].second));
+                }
+                a[2 * q + h] = bits_of(pair);
+              }
+            }
+#pragma unroll
+            for (int b = 0; b < x_blocks; ++b) {
+#pragma unroll
+              for (int part = 0; part < kXParts<T>; ++part) {
+                const uint32_t b_fragment[2] = {
+                    b_parts[b][0][part], b_parts[b][1][part]};
+                mma_step<__nv_bfloat16>(sums[t][b], a, b_fragment);
+              }
+            }
+          }
+        }
+      }
+    };
+    if (__any_sync(0xFFFFFFFFu, two_steps)) {
+      multiply(std::true_type{});
+    } else {
+      multiply(std::false_type{});
     }
-    __syncwarp();
   }
 
-  // The warps' sums meet in shared memory (the stages are done with).
-  constexpr int values = tiles * x_blocks * 4;
-  float* reduction = reinterpret_cast<float*>(shared);
-  __syncthreads();
-#pragma unroll
-  for (int t = 0; t < tiles; ++t) {
-#pragma unroll
-    for (int b = 0; b < x_blocks; ++b) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int v = (t * x_blocks + b) * 4 + i;
-        reduction[(warp * values + v) * kWarpSize + lane_index] =
-            acc[t][b][i];
-      }
-    }
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < values * kWarpSize; e += blockDim.x) {
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kQmvWarps; ++w) {
-      total += reduction[w * values * kWarpSize + e];
-    }
-    const int v = e / kWarpSize;
-    const FragmentLane owner{e % kWarpSize / 4, e % 4};
-    const int i = v % 4;
-    const int b = v / 4 % x_blocks;
-    const int t = v / 4 / x_blocks;
-    const int n = n0 + t * kQmvTileRows + i / 2 * 8 + owner.group;
-    const int m = m0 + b * kQmvXBlockRows + 2 * owner.thread + i % 2;
-    if (m < M && n < N) {
-      if (partials) {
-        partials[int64_t(m) * N + n] = total;
-      } else {
-        y[int64_t(m) * N + n] = static_cast<T>(total);
-      }
-    }
-  }
-}
-
-// The grid: x walks blocks of kQmvRowsPerBlock rows of W, y the blocks of
-// x rows (x_blocks * 8 each) times the splits of K, z the batch (looping
-// past the grid's limit).
-template <typename T, int bits, int encoding, int x_blocks>
-__device__ __forceinline__ void fp_qmv_grid(const QmmArgs& args) {
-  extern __shared__ uint4 shared_words[];
-  auto* shared = reinterpret_cast<uint8_t*>(shared_words);
-  constexpr int m_step = x_blocks * kQmvXBlockRows;
-  const int m_blocks = (args.M + m_step - 1) / m_step;
-  const int64_t w_matrix_words = int64_t(args.N) * args.K * bits / 32;
-  const int64_t scales_matrix = int64_t(args.N) * (args.K / args.group_size);
-  const int n0 = blockIdx.x * kQmvRowsPerBlock;
-  for (int64_t batch = blockIdx.z; batch < args.batch_count;
-       batch += gridDim.z) {
-    const auto op = batch_operands<T, encoding>(
-        args, batch, w_matrix_words, scales_matrix);
-    T* y = static_cast<T*>(args.y) + batch * args.M * args.N;
-    for (int yb = blockIdx.y; yb < m_blocks * args.split_k;
-         yb += gridDim.y) {
-      const int split = yb % args.split_k;
-      const int m0 = yb / args.split_k * m_step;
-      const int k_begin = split * args.split_k_step;
-      const int k_end = min(args.K, k_begin + args.split_k_step);
-      float* partials = args.partials
-          ? args.partials +
-              (split * args.batch_count + batch) * args.M * args.N
-          : nullptr;
-      fp_qmv_impl<T, bits, encoding, x_blocks>(
-          args, op, shared, m0, n0, k_begin, k_end, y, partials);
-      __syncthreads();
-    }
-  }
+  store_block_sums<kQmvWarps>(
+      sums,
+      reduction,
+      M,
+      N,
+      m0,
+      n0,
+      op.factor * power_of_two(scale_shift<encoding>()),
+      y,
+      partials);
 }
 
 template <typename T, int bits, int encoding, int x_blocks>
-__global__ void __launch_bounds__(kQmvWarps* kWarpSize)
+__global__ void __launch_bounds__(
+    kQmvWarps* kWarpSize,
+    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, x_blocks))
     fp_qmv(const QmmArgs args) {
-  fp_qmv_grid<T, bits, encoding, x_blocks>(args);
+  extern __shared__ float4 shared_floats[];
+  auto* reduction = reinterpret_cast<float*>(shared_floats);
+  transposed_grid<T, bits, encoding, x_blocks>(
+      args,
+      qmv_rows_per_block(std::is_same_v<T, __nv_bfloat16>),
+      [&](const auto& op,
+          int m0,
+          int n0,
+          int k_begin,
+          int k_end,
+          T* y,
+          float* partials) {
+        fp_qmv_impl<T, bits, encoding, x_blocks>(
+            args, op, reduction, m0, n0, k_begin, k_end, y, partials);
+      });
 }
 
 }  // namespace fpqmm::cuda

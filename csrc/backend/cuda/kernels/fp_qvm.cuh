@@ -12,8 +12,7 @@ namespace fpqmm::cuda {
 // The kQvmColumns codes of one lane in one row of W, unscaled, in order.
 template <int bits>
 __device__ __forceinline__ void decode_columns(
-    const uint32_t* row,
-    float (&codes)[kQvmColumns]) {
+    const uint32_t* row, float (&codes)[kQvmColumns]) {
   constexpr int words = kQvmColumns * bits / 32;
   constexpr int per_word = 32 / bits;
   constexpr int pairs = per_word / 2;
@@ -75,8 +74,8 @@ __device__ __forceinline__ void fp_qvm_impl(
       const int r = e / kQvmChunk;
       const int k = chunk + e % kQvmChunk;
       x_chunk[e] = r < valid_rows && k < k_end
-          ? static_cast<float>(op.x[int64_t(m0 + r) * K + k])
-          : 0.0f;
+                       ? static_cast<float>(op.x[int64_t(m0 + r) * K + k])
+                       : 0.0f;
     }
     __syncthreads();
     const int first = chunk + warp * k_per_warp;
@@ -88,17 +87,18 @@ __device__ __forceinline__ void fp_qvm_impl(
       for (int u = 0; u < unroll; ++u) {
         const bool inside = k + u < last;
         const int64_t row = inside ? k + u : k;
-        const uint32_t* words =
-            op.w + row * words_per_row + column * bits / 32;
+        const uint32_t* words = op.w + row * words_per_row + column * bits / 32;
 #pragma unroll
         for (int i = 0; i < columns * bits / 32; ++i) {
           packed[u][i] = words[i];
         }
-        scales[u] = inside
-            ? decode_scale<encoding>(
-                  op.scales[row * scales_per_row + column / args.group_size]) *
-                op.factor
-            : 0.0f;
+        scales[u] =
+            inside
+                ? decode_scale<encoding>(
+                      op.scales
+                          [row * scales_per_row + column / args.group_size]) *
+                      op.factor
+                : 0.0f;
       }
 #pragma unroll
       for (int u = 0; u < unroll; ++u) {
@@ -169,19 +169,18 @@ __device__ __forceinline__ void fp_qvm_grid(const QmmArgs& args) {
   const int64_t scales_matrix = int64_t(args.K) * (args.N / args.group_size);
   for (int64_t batch = blockIdx.z; batch < args.batch_count;
        batch += gridDim.z) {
-    const auto op = batch_operands<T, encoding>(
-        args, batch, w_matrix_words, scales_matrix);
+    const auto op =
+        batch_operands<T, encoding>(args, batch, w_matrix_words, scales_matrix);
     T* y = static_cast<T*>(args.y) + batch * args.M * args.N;
-    for (int yb = blockIdx.y; yb < m_blocks * args.split_k;
-         yb += gridDim.y) {
+    for (int yb = blockIdx.y; yb < m_blocks * args.split_k; yb += gridDim.y) {
       const int split = yb % args.split_k;
       const int m0 = yb / args.split_k * kQvmRows;
       const int k_begin = split * args.split_k_step;
       const int k_end = min(args.K, k_begin + args.split_k_step);
-      float* partials = args.partials
-          ? args.partials +
-              (split * args.batch_count + batch) * args.M * args.N
-          : nullptr;
+      float* partials =
+          args.partials ? args.partials + (split * args.batch_count + batch) *
+                                              args.M * args.N
+                        : nullptr;
       fp_qvm_impl<T, bits, encoding>(
           args, op, shared, m0, k_begin, k_end, y, partials);
       __syncthreads();
@@ -199,8 +198,7 @@ __global__ void __launch_bounds__(kQvmWarps* kWarpSize)
 template <typename T>
 __global__ void fp_split_k_sum(const QmmArgs args) {
   const int64_t outputs = args.batch_count * args.M * args.N;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-       i < outputs;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < outputs;
        i += int64_t(gridDim.x) * blockDim.x) {
     float total = 0.0f;
     for (int s = 0; s < args.split_k; ++s) {

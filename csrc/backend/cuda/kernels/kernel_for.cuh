@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "backend/cuda/kernels/fp_qmv.cuh"
+#include "backend/cuda/kernels/fp_qmv_staged.cuh"
 #include "backend/cuda/kernels/fp_qvm.cuh"
 #include "backend/cuda/table.h"
 
@@ -31,20 +32,33 @@ void with_encoding(ScaleEncoding encoding, F&& f) {
   }
 }
 
-// fp_qmv / fp_qvm for `key` (of x type T and `bits`-wide codes); null for
-// E4M3 scales with E4M3 codes, which no format has.
+// fp_qmv, fp_qmv_staged or fp_qvm for `key` (of x type T and
+// `bits`-wide codes); null for E4M3 scales with E4M3 codes, which no format
+// has.
 template <typename T, int bits>
 const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
   const void* kernel = nullptr;
   with_encoding(key.encoding, [&](auto encoding) {
     if constexpr (bits == 4 || encoding != kScaleE4M3) {
-      if (!key.transpose) {
-        kernel = reinterpret_cast<const void*>(&fp_qvm<T, bits, encoding>);
-      } else if (key.x_blocks == 1) {
-        kernel = reinterpret_cast<const void*>(&fp_qmv<T, bits, encoding, 1>);
-      } else {
-        kernel = reinterpret_cast<const void*>(
-            &fp_qmv<T, bits, encoding, kQmvMaxXBlocks>);
+      using mlx_fpqmm::cuda::KernelFamily;
+      switch (key.family) {
+        case KernelFamily::qvm:
+          kernel = reinterpret_cast<const void*>(&fp_qvm<T, bits, encoding>);
+          break;
+        case KernelFamily::qmv_staged:
+          kernel = key.x_blocks == 1
+                       ? reinterpret_cast<const void*>(
+                             &fp_qmv_staged<T, bits, encoding, 1>)
+                       : reinterpret_cast<const void*>(
+                             &fp_qmv_staged<T, bits, encoding, kMaxXBlocks>);
+          break;
+        case KernelFamily::qmv:
+          kernel =
+              key.x_blocks == 1
+                  ? reinterpret_cast<const void*>(&fp_qmv<T, bits, encoding, 1>)
+                  : reinterpret_cast<const void*>(
+                        &fp_qmv<T, bits, encoding, kMaxXBlocks>);
+          break;
       }
     }
   });

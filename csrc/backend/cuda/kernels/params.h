@@ -13,38 +13,67 @@ inline constexpr int kWarpSize = 32;
 // Batch axes the kernels walk (the plan folds contiguous axes first).
 inline constexpr int kMaxBatchDims = 6;
 
-// qmv (x @ W^T, W (N, K) grouped along K): mma.sync m16n8k16 steps with W
-// as the A operand (16 rows of W per tile) and x as B (8 rows of x per
-// block). Each warp owns kQmvTilesPerWarp tiles of W rows; the warps of a
-// block share those rows and take turns over stages of kQmvStageCodes
-// codes of K, staged in shared memory by cp.async, kQmvStages deep.
-inline constexpr int kQmvWarps = 4;
-inline constexpr int kQmvTileRows = 16;
-inline constexpr int kQmvTilesPerWarp = 2;
-inline constexpr int kQmvRowsPerBlock = kQmvTileRows * kQmvTilesPerWarp;
-inline constexpr int kQmvStepCodes = 16;  // the K of one mma step
-inline constexpr int kQmvStageCodes = 128;  // a multiple of every group size
-inline constexpr int kQmvStages = 3;
-inline constexpr int kQmvXBlockRows = 8;  // the N of one mma step
-inline constexpr int kQmvMaxXBlocks = 2;  // rows of x per pass: 16
+// The mma.sync m16n8k16 steps of the transposed kernels take W as the A
+// operand (16 rows of W per tile) and x as B (8 rows of x per block).
+inline constexpr int kTileRows = 16;
+inline constexpr int kXBlockRows = 8;  // the N of one mma step
+inline constexpr int kMaxXBlocks = 2;  // rows of x per pass: 16
+
+// qmv (x @ W^T, W (N, K) grouped along K), fed from device memory straight
+// into registers: each lane loads 16 bytes of each of its two rows of a
+// tile, a pass of the lanes over K, one pass ahead; a warp owns qmv_tiles
+// tiles (two where x's float16 or float32 values, converted to bfloat16
+// parts, serve two tiles), and the kQmvWarps warps of a block take turns
+// over the passes and add up in shared memory. qmv_min_blocks blocks per
+// SM (the registers of a thread follow). Rows of W must be whole 16-byte
+// vectors (K * bits a multiple of 128).
+inline constexpr int kQmvWarps = 8;
+constexpr int qmv_tiles(bool bfloat16_x) {
+  return bfloat16_x ? 1 : 2;
+}
+constexpr int qmv_rows_per_block(bool bfloat16_x) {
+  return kTileRows * qmv_tiles(bfloat16_x);
+}
+constexpr int qmv_min_blocks(bool bfloat16_x, int x_blocks) {
+  return (bfloat16_x && x_blocks == 1 ? 768 : 512) / (kQmvWarps * kWarpSize);
+}
+constexpr int qmv_pass_codes(int bits) {
+  return 4 * 128 / bits;  // a quad of lanes, 16 bytes each
+}
+// The warps' partial sums at the end.
+constexpr int qmv_shared_bytes(bool bfloat16_x, int x_blocks) {
+  return kQmvWarps * qmv_tiles(bfloat16_x) * x_blocks * 4 * kWarpSize * 4;
+}
+
+// qmv_staged (x @ W^T for any K and alignment, the group scales applied to
+// float32 sums): the same mma steps, W staged in shared memory by cp.async,
+// kStages deep. Each warp owns kStagedTilesPerWarp tiles of W rows; the
+// warps of a block share those rows and take turns over stages of
+// kStageCodes codes of K.
+inline constexpr int kStagedWarps = 4;
+inline constexpr int kStagedTilesPerWarp = 2;
+inline constexpr int kStagedRowsPerBlock = kTileRows * kStagedTilesPerWarp;
+inline constexpr int kStepCodes = 16;    // the K of one mma step
+inline constexpr int kStageCodes = 128;  // a multiple of every group size
+inline constexpr int kStages = 3;
 // Shared-memory rows are padded by 16 bytes, so that the 8 rows a warp's
 // lanes read at once fall in distinct banks.
 inline constexpr int kSmemRowPadding = 16;
-// A stage's scales per row: up to kQmvStageCodes / 16 groups.
-inline constexpr int kQmvStageGroups = kQmvStageCodes / 16;
+// A stage's scales per row: up to kStageCodes / 16 groups.
+inline constexpr int kStageGroups = kStageCodes / 16;
 
-constexpr int qmv_stage_row_bytes(int bits) {
-  return kQmvStageCodes * bits / 8 + kSmemRowPadding;
+constexpr int staged_row_bytes(int bits) {
+  return kStageCodes * bits / 8 + kSmemRowPadding;
 }
-constexpr int qmv_stage_bytes(int bits, int scale_itemsize) {
-  return kQmvRowsPerBlock *
-      (qmv_stage_row_bytes(bits) + kQmvStageGroups * scale_itemsize);
+constexpr int staged_stage_bytes(int bits, int scale_itemsize) {
+  return kStagedRowsPerBlock *
+         (staged_row_bytes(bits) + kStageGroups * scale_itemsize);
 }
-// Dynamic shared memory of one qmv block (its warps' stages; reused for the
-// warps' partial sums at the end). Above 48 KiB the launch needs
+// Dynamic shared memory of one qmv_staged block (its warps' stages; reused for
+// the warps' partial sums at the end). Above 48 KiB the launch needs
 // cudaFuncAttributeMaxDynamicSharedMemorySize.
-constexpr int qmv_shared_bytes(int bits, int scale_itemsize) {
-  return kQmvWarps * kQmvStages * qmv_stage_bytes(bits, scale_itemsize);
+constexpr int staged_shared_bytes(int bits, int scale_itemsize) {
+  return kStagedWarps * kStages * staged_stage_bytes(bits, scale_itemsize);
 }
 inline constexpr int kDefaultSharedLimit = 48 * 1024;
 
@@ -76,7 +105,7 @@ struct QmmArgs {
   const float* global_scale;
   const void* x;
   void* y;
-  float* partials;  // split K only
+  float* partials;              // split K only
   const uint32_t* lhs_indices;  // gather only
   const uint32_t* rhs_indices;
   int M, N, K;
@@ -86,10 +115,10 @@ struct QmmArgs {
   int64_t x_batch_strides[kMaxBatchDims];
   int64_t w_batch_strides[kMaxBatchDims];
   int64_t scales_batch_strides[kMaxBatchDims];
-  int64_t batch_count;  // pairs with gather
+  int64_t batch_count;         // pairs with gather
   int x_matrices, w_matrices;  // gather only
-  int split_k;  // 1: no split
-  int split_k_step;  // codes of K per split, a multiple of the stage
+  int split_k;                 // 1: no split
+  int split_k_step;            // codes of K per split, a multiple of the stage
 };
 
 }  // namespace fpqmm::cuda

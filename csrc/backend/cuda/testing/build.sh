@@ -13,7 +13,7 @@ gencode=""
 for arch in "$@"; do
   gencode="$gencode -gencode $arch"
 done
-flags="-O3 -std=c++20 -I$root/csrc -I$mlx_include -diag-suppress 997"
+flags="-O3 -std=c++20 -I$root/csrc -I$mlx_include -diag-suppress 997 --expt-relaxed-constexpr"
 mkdir -p "$out"
 pids=""
 for source in "$root"/csrc/backend/cuda/instantiations/*.cu \

@@ -56,71 +56,141 @@ int main() {
   check(cu::device_from_name("sm_90a")->sm_count == 132, "sm_90a");
   const auto gb10 = cu::device_from_name("sm_121");
   check(gb10 && gb10->major == 12 && gb10->minor == 1, "sm_121");
-  check(!cu::device_from_name("gfx90a") && !cu::device_from_name("sm_9"),
-        "other names");
-  check(throws([&] {
-          cu::plan(problem(Mode::mxfp4, true, 1, 64, 64), {7, 5, 40},
-                   cu::KernelRequest::automatic);
-        }),
-        "sm_75 is refused");
+  check(
+      !cu::device_from_name("gfx90a") && !cu::device_from_name("sm_9"),
+      "other names");
+  check(
+      throws([&] {
+        cu::plan(
+            problem(Mode::mxfp4, true, 1, 64, 64),
+            {7, 5, 40},
+            cu::KernelRequest::automatic);
+      }),
+      "sm_75 is refused");
 
-  // Decode: all 448 row blocks fill the GPU without split K.
-  auto big = cu::plan(problem(Mode::mxfp4, true, 1, 14336, 4096), h200,
-                      cu::KernelRequest::automatic);
+  // Decode: 896 blocks of 16 rows (bfloat16 x) fill the GPU without split K.
+  auto big = cu::plan(
+      problem(Mode::mxfp4, true, 1, 14336, 4096),
+      h200,
+      cu::KernelRequest::automatic);
   check(big.path == cu::KernelPath::qmv, "14336x4096 qmv");
   check(big.main.kernel == "fpqmm_qmv_e2m1_e8m0_bfloat16_x8", big.main.kernel);
-  check(big.main.grid == std::array<int, 3>{448, 1, 1}, "14336 grid");
-  check(big.main.block == std::array<int, 3>{128, 1, 1}, "block");
-  check(big.split_k == 1 && !big.reduction && big.partials_bytes == 0,
-        "no split");
-  // 128 row blocks: split K, partial sums and their reduction.
-  auto small = cu::plan(problem(Mode::mxfp4, true, 1, 4096, 4096), h200,
-                        cu::KernelRequest::automatic);
-  check(small.split_k >= 2 && small.split_k_step % 128 == 0 &&
-            small.split_k_step * (small.split_k - 1) < 4096 &&
-            small.split_k_step * small.split_k >= 4096,
-        "4096 split " + std::to_string(small.split_k));
-  check(small.partials_bytes == int64_t(small.split_k) * 4096 * 4,
-        "partials bytes");
-  check(small.reduction &&
-            small.reduction->kernel == "fpqmm_split_k_sum_bfloat16",
-        "reduction");
+  check(big.main.grid == std::array<int, 3>{896, 1, 1}, "14336 grid");
+  check(big.main.block == std::array<int, 3>{256, 1, 1}, "block");
+  check(
+      big.key.family == cu::KernelFamily::qmv && big.main.shared_bytes == 4096,
+      "registers");
+  check(
+      big.split_k == 1 && !big.reduction && big.partials_bytes == 0,
+      "no split");
+  // 64 row blocks: split K, partial sums and their reduction.
+  auto small = cu::plan(
+      problem(Mode::mxfp4, true, 1, 1024, 4096),
+      h200,
+      cu::KernelRequest::automatic);
+  check(
+      small.split_k >= 2 && small.split_k_step % 128 == 0 &&
+          small.split_k_step * (small.split_k - 1) < 4096 &&
+          small.split_k_step * small.split_k >= 4096,
+      "1024 rows split " + std::to_string(small.split_k));
+  check(
+      small.partials_bytes == int64_t(small.split_k) * 1024 * 4,
+      "partials bytes");
+  check(
+      small.reduction &&
+          small.reduction->kernel == "fpqmm_split_k_sum_bfloat16",
+      "reduction");
   check(small.main.grid[1] == small.split_k, "splits on grid y");
   // x rows: 9..16 take two x blocks, more the simple path.
-  auto m12 = cu::plan(problem(Mode::nvfp4, true, 12, 14336, 4096), h200,
-                      cu::KernelRequest::automatic);
+  auto m12 = cu::plan(
+      problem(Mode::nvfp4, true, 12, 14336, 4096),
+      h200,
+      cu::KernelRequest::automatic);
   check(m12.main.kernel == "fpqmm_qmv_e2m1_e4m3_bfloat16_x16", m12.main.kernel);
-  auto m40 = cu::plan(problem(Mode::mxfp8, true, 40, 14336, 4096), h200,
-                      cu::KernelRequest::automatic);
-  check(m40.path == cu::KernelPath::simple && m40.main.grid[1] == 3,
-        "M=40 simple over 3 x blocks");
-  check(m40.main.shared_bytes > 48 * 1024 &&
-            m40.note.find("opt-in") != std::string::npos,
-        "fp8 shared memory is opt-in");
+  auto m40 = cu::plan(
+      problem(Mode::mxfp8, true, 40, 14336, 4096),
+      h200,
+      cu::KernelRequest::automatic);
+  check(
+      m40.path == cu::KernelPath::simple && m40.main.grid[1] == 3 * m40.split_k,
+      "M=40 simple over 3 x blocks");
+  // What fp_qmv cannot take goes to fp_qmv_staged.
+  auto odd_k = cu::plan(
+      problem(Mode::nvfp4, true, 40, 14336, 4112),
+      h200,
+      cu::KernelRequest::automatic);
+  check(
+      odd_k.key.family == cu::KernelFamily::qmv_staged &&
+          odd_k.main.kernel == "fpqmm_qmv_staged_e2m1_e4m3_bfloat16_x16" &&
+          odd_k.note.find("16-byte vectors") != std::string::npos,
+      odd_k.main.kernel);
+  auto fp8_unaligned = problem(Mode::mxfp8, true, 40, 14336, 4096);
+  fp8_unaligned.pointer_alignment = 8;
+  auto fp8_staged = cu::plan(fp8_unaligned, h200, cu::KernelRequest::automatic);
+  check(
+      fp8_staged.main.shared_bytes > 48 * 1024 &&
+          fp8_staged.note.find("opt-in") != std::string::npos,
+      "fp8 staged shared memory is opt-in");
+  auto unaligned = problem(Mode::mxfp4, true, 1, 4096, 4096);
+  unaligned.pointer_alignment = 8;
+  check(
+      cu::plan(unaligned, h200, cu::KernelRequest::automatic).key.family ==
+          cu::KernelFamily::qmv_staged,
+      "8-byte aligned pointers");
+  auto float_scales = problem(Mode::fp4, true, 1, 4096, 4096);
+  check(
+      cu::plan(float_scales, h200, cu::KernelRequest::automatic).key.family ==
+          cu::KernelFamily::qmv,
+      "float scales, bfloat16 x");
+  float_scales.x_type = FloatType::float32;
+  check(
+      cu::plan(float_scales, h200, cu::KernelRequest::automatic).key.family ==
+          cu::KernelFamily::qmv_staged,
+      "float scales, float32 x");
+  float_scales.x_type = FloatType::float16;
+  float_scales.group_size = 16;
+  check(
+      cu::plan(float_scales, h200, cu::KernelRequest::automatic).key.family ==
+          cu::KernelFamily::qmv_staged,
+      "E2M1 float scales in groups of 16");
+  auto nvfp4 = problem(Mode::nvfp4, true, 1, 4096, 4096);
+  check(
+      cu::plan(nvfp4, h200, cu::KernelRequest::automatic).key.family ==
+          cu::KernelFamily::qmv,
+      "nvfp4's groups of 16");
   // x @ W.
-  auto qvm = cu::plan(problem(Mode::fp4, false, 1, 4096, 14336), h200,
-                      cu::KernelRequest::automatic);
-  check(qvm.path == cu::KernelPath::qvm &&
-            qvm.main.kernel == "fpqmm_qvm_e2m1_float16_bfloat16" &&
-            qvm.main.grid[0] == 16,
-        qvm.main.kernel);
+  auto qvm = cu::plan(
+      problem(Mode::fp4, false, 1, 4096, 14336),
+      h200,
+      cu::KernelRequest::automatic);
+  check(
+      qvm.path == cu::KernelPath::qvm &&
+          qvm.main.kernel == "fpqmm_qvm_e2m1_float16_bfloat16" &&
+          qvm.main.grid[0] == 16,
+      qvm.main.kernel);
   check(qvm.split_k > 1 && qvm.split_k_step % 256 == 0, "qvm split");
   // Requests.
-  auto simple = cu::plan(problem(Mode::mxfp4, true, 1, 14336, 4096), h200,
-                         cu::KernelRequest::simple);
-  check(simple.path == cu::KernelPath::simple &&
-            simple.main.kernel.ends_with("_x16"),
-        "simple requested");
-  auto decode = cu::plan(problem(Mode::mxfp4, false, 64, 4096, 4096), h200,
-                         cu::KernelRequest::decode);
+  auto simple = cu::plan(
+      problem(Mode::mxfp4, true, 1, 14336, 4096),
+      h200,
+      cu::KernelRequest::simple);
+  check(
+      simple.path == cu::KernelPath::simple &&
+          simple.main.kernel.ends_with("_x16"),
+      "simple requested");
+  auto decode = cu::plan(
+      problem(Mode::mxfp4, false, 64, 4096, 4096),
+      h200,
+      cu::KernelRequest::decode);
   check(decode.path == cu::KernelPath::qvm, "qmv requested for x @ W");
   setenv("MLX_FPQMM_KERNEL", "simple", 1);
   check(cu::kernel_request_from_env() == cu::KernelRequest::simple, "env");
   setenv("MLX_FPQMM_KERNEL", "nax", 1);
   check(throws([] { cu::kernel_request_from_env(); }), "bad env value");
   unsetenv("MLX_FPQMM_KERNEL");
-  check(cu::kernel_request_from_env() == cu::KernelRequest::automatic,
-        "env unset");
+  check(
+      cu::kernel_request_from_env() == cu::KernelRequest::automatic,
+      "env unset");
 
   // Batch axes contiguous in x, w and scales fold; a broadcast one does not.
   auto batched = problem(Mode::mxfp4, true, 2, 256, 512);
@@ -129,30 +199,32 @@ int main() {
   batched.w_batch_strides = {3 * 256 * 64, 256 * 64};
   batched.scales_batch_strides = {3 * 256 * 16, 256 * 16};
   auto folded = cu::plan(batched, h200, cu::KernelRequest::automatic);
-  check(folded.batch_shape == std::vector<int>{6} && folded.batch_count == 6 &&
-            folded.main.grid[2] == 6,
-        "contiguous batch folds");
+  check(
+      folded.batch_shape == std::vector<int>{6} && folded.batch_count == 6 &&
+          folded.main.grid[2] == 6,
+      "contiguous batch folds");
   batched.w_batch_strides = {0, 256 * 64};
   batched.scales_batch_strides = {0, 256 * 16};
   auto broadcast = cu::plan(batched, h200, cu::KernelRequest::automatic);
-  check(broadcast.batch_shape == std::vector<int>({2, 3}) &&
-            broadcast.w_batch_strides == std::vector<int64_t>({0, 256 * 64}),
-        "broadcast w keeps its axes");
+  check(
+      broadcast.batch_shape == std::vector<int>({2, 3}) &&
+          broadcast.w_batch_strides == std::vector<int64_t>({0, 256 * 64}),
+      "broadcast w keeps its axes");
   const auto args = cu::kernel_args(batched, broadcast);
-  check(args.batch_ndims == 2 && args.batch_shape[1] == 3 &&
-            args.w_batch_strides[0] == 0 && args.batch_count == 6 &&
-            args.M == 2 && args.N == 256 && args.K == 512 &&
-            args.group_size == 32,
-        "kernel_args");
+  check(
+      args.batch_ndims == 2 && args.batch_shape[1] == 3 &&
+          args.w_batch_strides[0] == 0 && args.batch_count == 6 &&
+          args.M == 2 && args.N == 256 && args.K == 512 &&
+          args.group_size == 32,
+      "kernel_args");
   auto deep = problem(Mode::mxfp4, true, 1, 64, 64);
   deep.batch_shape.assign(8, 2);
   deep.x_batch_strides.assign(8, 0);
   deep.w_batch_strides = {0, 1, 0, 1, 0, 1, 0, 1};
   deep.scales_batch_strides = deep.w_batch_strides;
-  check(throws([&] {
-          cu::plan(deep, h200, cu::KernelRequest::automatic);
-        }),
-        "too many batch axes");
+  check(
+      throws([&] { cu::plan(deep, h200, cu::KernelRequest::automatic); }),
+      "too many batch axes");
 
   // Gather: pairs on grid z, capped (the kernels loop past it).
   auto gather = problem(Mode::mxfp4, true, 1, 2880, 2880);
@@ -161,16 +233,19 @@ int main() {
   gather.x_matrices = 70000;
   gather.w_matrices = 32;
   auto pairs = cu::plan(gather, h200, cu::KernelRequest::automatic);
-  check(pairs.main.grid[2] == 65535 && pairs.batch_count == 70000,
-        "gather grid z");
+  check(
+      pairs.main.grid[2] == 65535 && pairs.batch_count == 70000,
+      "gather grid z");
   check(cu::kernel_args(gather, pairs).w_matrices == 32, "gather args");
 
   // Empty outputs plan without dividing by zero.
-  auto empty = cu::plan(problem(Mode::mxfp4, true, 1, 0, 64), h200,
-                        cu::KernelRequest::automatic);
+  auto empty = cu::plan(
+      problem(Mode::mxfp4, true, 1, 0, 64), h200, cu::KernelRequest::automatic);
   check(empty.main.grid[0] == 0 && empty.split_k == 1, "N = 0");
-  auto no_rows = cu::plan(problem(Mode::mxfp4, false, 0, 256, 64), h200,
-                          cu::KernelRequest::automatic);
+  auto no_rows = cu::plan(
+      problem(Mode::mxfp4, false, 0, 256, 64),
+      h200,
+      cu::KernelRequest::automatic);
   check(no_rows.main.grid[1] == 0, "M = 0");
 
   std::printf("%d failures\n", failures);

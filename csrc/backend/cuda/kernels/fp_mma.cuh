@@ -1,0 +1,132 @@
+// What the mma.sync kernels share: the m16n8k16 step, the lanes' places in
+// its fragments, and the end of a block whose warps hold partial sums of the
+// same outputs.
+#pragma once
+
+#include "backend/cuda/kernels/fp_operands.cuh"
+
+namespace fpqmm::cuda {
+
+// One mma.sync m16n8k16 step, float32 accumulation: c += a * b.
+template <typename H>
+__device__ __forceinline__ void mma_step(
+    float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<H, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
+// The lanes of a warp in the mma fragments: lane = 4 * group + thread. In a
+// step the thread holds, as two pairs, four codes of K of W rows `group` and
+// `group + 8` (the A fragment) and the same four of x row `group` (the B
+// fragment); c[i] is W row group + 8 * (i / 2), x row 2 * thread + i % 2.
+// Which four codes of K a step takes is the kernel's choice: any order of K
+// is the same sum.
+struct FragmentLane {
+  int group;   // 0..7
+  int thread;  // 0..3
+};
+
+__device__ __forceinline__ FragmentLane fragment_lane(int lane) {
+  return {lane / 4, lane % 4};
+}
+
+// The end of a block whose `warps` warps each hold sums[tiles][x_blocks][4]
+// of the same outputs (tiles of 16 W rows from n0, blocks of 8 x rows from
+// m0): they meet in shared memory `reduction` (warps * tiles * x_blocks * 4
+// * 32 floats, free for this use), and the totals, times `factor`, go to y
+// or, with split K, to the float32 partials.
+template <int warps, int tiles, int x_blocks, typename T>
+__device__ __forceinline__ void store_block_sums(
+    const float (&sums)[tiles][x_blocks][4],
+    float* reduction,
+    int M,
+    int N,
+    int m0,
+    int n0,
+    float factor,
+    T* y,
+    float* partials) {
+  constexpr int values = tiles * x_blocks * 4;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+    for (int b = 0; b < x_blocks; ++b) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int v = (t * x_blocks + b) * 4 + i;
+        reduction[(warp * values + v) * kWarpSize + lane] = sums[t][b][i];
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < values * kWarpSize; e += blockDim.x) {
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < warps; ++w) {
+      total += reduction[w * values * kWarpSize + e];
+    }
+    total *= factor;
+    const int v = e / kWarpSize;
+    const FragmentLane owner = fragment_lane(e % kWarpSize);
+    const int i = v % 4;
+    const int b = v / 4 % x_blocks;
+    const int t = v / 4 / x_blocks;
+    const int n = n0 + t * kTileRows + i / 2 * 8 + owner.group;
+    const int m = m0 + b * kXBlockRows + 2 * owner.thread + i % 2;
+    if (m < M && n < N) {
+      if (partials) {
+        partials[int64_t(m) * N + n] = total;
+      } else {
+        y[int64_t(m) * N + n] = static_cast<T>(total);
+      }
+    }
+  }
+}
+
+// The grid of the transposed kernels: x walks blocks of `rows_per_block`
+// rows of W, y the blocks of x rows (x_blocks * 8 each) times the splits of
+// K, z the batch (looping past the grid's limit). body(op, m0, n0, k_begin,
+// k_end, y, partials) runs one block's share.
+template <typename T, int bits, int encoding, int x_blocks, typename Body>
+__device__ __forceinline__ void transposed_grid(
+    const QmmArgs& args, int rows_per_block, Body&& body) {
+  constexpr int m_step = x_blocks * kXBlockRows;
+  const int m_blocks = (args.M + m_step - 1) / m_step;
+  const int64_t w_matrix_words = int64_t(args.N) * args.K * bits / 32;
+  const int64_t scales_matrix = int64_t(args.N) * (args.K / args.group_size);
+  const int n0 = blockIdx.x * rows_per_block;
+  for (int64_t batch = blockIdx.z; batch < args.batch_count;
+       batch += gridDim.z) {
+    const auto op =
+        batch_operands<T, encoding>(args, batch, w_matrix_words, scales_matrix);
+    T* y = static_cast<T*>(args.y) + batch * args.M * args.N;
+    for (int yb = blockIdx.y; yb < m_blocks * args.split_k; yb += gridDim.y) {
+      const int split = yb % args.split_k;
+      const int m0 = yb / args.split_k * m_step;
+      const int k_begin = split * args.split_k_step;
+      const int k_end = min(args.K, k_begin + args.split_k_step);
+      float* partials =
+          args.partials ? args.partials + (split * args.batch_count + batch) *
+                                              args.M * args.N
+                        : nullptr;
+      body(op, m0, n0, k_begin, k_end, y, partials);
+      __syncthreads();
+    }
+  }
+}
+
+}  // namespace fpqmm::cuda
