@@ -78,6 +78,18 @@ __device__ __forceinline__ Multipliers two_step_multipliers(float scale) {
       bits_of(__float2bfloat162_rn(scaled_fixup<bits, encoding>(scale))), kOne};
 }
 
+// Two float values as the mma's bfloat16 high and low parts (an infinite
+// value has no low part).
+__device__ __forceinline__ void split_pair(
+    float a, float b, uint32_t (&parts)[2]) {
+  const Bf16Pair high = __floats2bfloat162_rn(a, b);
+  const float rest_a = __low2float(high);
+  const float rest_b = __high2float(high);
+  parts[0] = bits_of(high);
+  parts[1] = bits_of(__floats2bfloat162_rn(
+      a == rest_a ? 0.0f : a - rest_a, b == rest_b ? 0.0f : b - rest_b));
+}
+
 // Pair p of x's values of a word of codes (the values of codes p and p +
 // 16 / bits, as decode_pair pairs the codes), as the mma's B halves: `words`
 // are x's 32-bit words over the word's codes, as loaded.
@@ -86,15 +98,8 @@ __device__ __forceinline__ void x_pair(
     const uint32_t* words, int p, uint32_t (&parts)[kXParts<T>]) {
   constexpr int stride = 16 / bits;
   if constexpr (std::is_same_v<T, float>) {
-    const float a = __uint_as_float(words[p]);
-    const float b = __uint_as_float(words[p + stride]);
-    const Bf16Pair high = __floats2bfloat162_rn(a, b);
-    const float rest_a = __low2float(high);
-    const float rest_b = __high2float(high);
-    // An infinite value has no low part.
-    parts[0] = bits_of(high);
-    parts[1] = bits_of(__floats2bfloat162_rn(
-        a == rest_a ? 0.0f : a - rest_a, b == rest_b ? 0.0f : b - rest_b));
+    split_pair(
+        __uint_as_float(words[p]), __uint_as_float(words[p + stride]), parts);
   } else {
     const uint32_t selector = p % 2 ? 0x7632 : 0x5410;
     const uint32_t pair =
@@ -103,13 +108,7 @@ __device__ __forceinline__ void x_pair(
       parts[0] = pair;
     } else {
       const float2 v = __half22float2(pair_from_bits<__half2>(pair));
-      const Bf16Pair high = __floats2bfloat162_rn(v.x, v.y);
-      const float rest_a = __low2float(high);
-      const float rest_b = __high2float(high);
-      parts[0] = bits_of(high);
-      parts[1] = bits_of(__floats2bfloat162_rn(
-          v.x == rest_a ? 0.0f : v.x - rest_a,
-          v.y == rest_b ? 0.0f : v.y - rest_b));
+      split_pair(v.x, v.y, parts);
     }
   }
 }
