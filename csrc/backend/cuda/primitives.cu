@@ -54,11 +54,17 @@ cuda::CudaDevice device_of(mx::cu::Device& d) {
 
 // libmlx.so links its own (static) CUDA runtime, which does not know this
 // module's kernels: the encoder gets them as driver functions, looked up
-// once per kernel and device by this module's runtime.
+// once per kernel and device by this module's runtime, which also raises
+// the kernel's dynamic shared memory limit once, where a plan needs more
+// than the default.
 CUfunction driver_function(
     mx::cu::Device& d, const void* kernel, int shared_bytes) {
+  struct Function {
+    CUfunction function;
+    int shared_limit;
+  };
   static std::mutex mutex;
-  static std::unordered_map<const void*, std::unordered_map<int, CUfunction>>
+  static std::unordered_map<const void*, std::unordered_map<int, Function>>
       functions;
   std::lock_guard lock(mutex);
   auto& per_device = functions[kernel];
@@ -67,16 +73,22 @@ CUfunction driver_function(
     d.make_current();
     cudaFunction_t f;
     check(cudaGetFuncBySymbol(&f, kernel), "cudaGetFuncBySymbol");
-    it = per_device.emplace(d.cuda_device(), reinterpret_cast<CUfunction>(f))
+    it = per_device
+             .emplace(
+                 d.cuda_device(),
+                 Function{
+                     reinterpret_cast<CUfunction>(f), fc::kDefaultSharedLimit})
              .first;
   }
-  if (shared_bytes > fc::kDefaultSharedLimit) {
+  if (shared_bytes > it->second.shared_limit) {
+    d.make_current();
     check(
         cudaFuncSetAttribute(
             kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
         "cudaFuncSetAttribute");
+    it->second.shared_limit = shared_bytes;
   }
-  return it->second;
+  return it->second.function;
 }
 
 void add_launch(

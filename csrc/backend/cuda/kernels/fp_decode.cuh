@@ -55,37 +55,40 @@ __device__ __forceinline__ P splat(float value) {
   }
 }
 
+// Mantissa bits and exponent bias of the 16-bit floats and of the codes
+// (E2M1: 4 bits, E4M3: 8).
+template <typename H>
+struct FloatFormat {
+  static constexpr int mantissa_bits = 7;  // bfloat16
+  static constexpr int bias = 127;
+};
+template <>
+struct FloatFormat<__half> {
+  static constexpr int mantissa_bits = 10;
+  static constexpr int bias = 15;
+};
+template <int bits>
+struct CodeFormat {
+  static constexpr int mantissa_bits = bits == 4 ? 1 : 3;
+  static constexpr int bias = bits == 4 ? 1 : 7;
+};
+
 // Where a code's magnitude bits go in a 16-bit float, and the power of two
-// that then restores its value (2^fixup_exponent, as a pair: fixup). E2M1's
-// three magnitude bits become the low exponent bits and the top mantissa bit,
-// E4M3's seven the low exponent bits and the top three mantissa bits; the
-// codes' subnormals land on the float's subnormals, which the multiply makes
-// normal again.
+// that then restores its value (2^fixup_exponent, as a pair: fixup): the
+// code's exponent bits become the float's low exponent bits and its
+// mantissa bits the float's top mantissa bits, so the value is off by the
+// difference of the biases; the codes' subnormals land on the float's
+// subnormals, which the multiply makes normal again.
 template <typename H, int bits>
-struct CodeLayout;
-template <>
-struct CodeLayout<__half, 4> {
-  static constexpr int magnitude_bit = 9;
-  static constexpr int fixup_exponent = 14;
-  static constexpr uint32_t fixup = 0x74007400u;
-};
-template <>
-struct CodeLayout<__nv_bfloat16, 4> {
-  static constexpr int magnitude_bit = 6;
-  static constexpr int fixup_exponent = 126;
-  static constexpr uint32_t fixup = 0x7E807E80u;
-};
-template <>
-struct CodeLayout<__half, 8> {
-  static constexpr int magnitude_bit = 7;
-  static constexpr int fixup_exponent = 8;
-  static constexpr uint32_t fixup = 0x5C005C00u;
-};
-template <>
-struct CodeLayout<__nv_bfloat16, 8> {
-  static constexpr int magnitude_bit = 4;
-  static constexpr int fixup_exponent = 120;
-  static constexpr uint32_t fixup = 0x7B807B80u;
+struct CodeLayout {
+  static constexpr int magnitude_bit =
+      FloatFormat<H>::mantissa_bits - CodeFormat<bits>::mantissa_bits;
+  static constexpr int fixup_exponent =
+      FloatFormat<H>::bias - CodeFormat<bits>::bias;
+  static constexpr uint32_t fixup =
+      (uint32_t(FloatFormat<H>::bias + fixup_exponent)
+       << FloatFormat<H>::mantissa_bits) *
+      0x00010001u;
 };
 
 // Codes p and p + 16 / bits of `word` (16 bits apart) as the low and high

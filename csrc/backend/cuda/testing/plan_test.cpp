@@ -38,6 +38,13 @@ QmmProblem problem(Mode mode, bool transpose, int M, int N, int K) {
   return p;
 }
 
+// The kernel family the automatic plan picks on an H200.
+cu::KernelFamily family_on_h200(const QmmProblem& p) {
+  return cu::plan(
+             p, *cu::device_from_name("sm_90"), cu::KernelRequest::automatic)
+      .key.family;
+}
+
 template <typename F>
 bool throws(F&& f) {
   try {
@@ -134,30 +141,23 @@ int main() {
   auto unaligned = problem(Mode::mxfp4, true, 1, 4096, 4096);
   unaligned.pointer_alignment = 8;
   check(
-      cu::plan(unaligned, h200, cu::KernelRequest::automatic).key.family ==
-          cu::KernelFamily::qmv_staged,
+      family_on_h200(unaligned) == cu::KernelFamily::qmv_staged,
       "8-byte aligned pointers");
   auto float_scales = problem(Mode::fp4, true, 1, 4096, 4096);
   check(
-      cu::plan(float_scales, h200, cu::KernelRequest::automatic).key.family ==
-          cu::KernelFamily::qmv,
+      family_on_h200(float_scales) == cu::KernelFamily::qmv,
       "float scales, bfloat16 x");
   float_scales.x_type = FloatType::float32;
   check(
-      cu::plan(float_scales, h200, cu::KernelRequest::automatic).key.family ==
-          cu::KernelFamily::qmv_staged,
+      family_on_h200(float_scales) == cu::KernelFamily::qmv_staged,
       "float scales, float32 x");
   float_scales.x_type = FloatType::float16;
   float_scales.group_size = 16;
   check(
-      cu::plan(float_scales, h200, cu::KernelRequest::automatic).key.family ==
-          cu::KernelFamily::qmv_staged,
+      family_on_h200(float_scales) == cu::KernelFamily::qmv_staged,
       "E2M1 float scales in groups of 16");
   auto nvfp4 = problem(Mode::nvfp4, true, 1, 4096, 4096);
-  check(
-      cu::plan(nvfp4, h200, cu::KernelRequest::automatic).key.family ==
-          cu::KernelFamily::qmv,
-      "nvfp4's groups of 16");
+  check(family_on_h200(nvfp4) == cu::KernelFamily::qmv, "nvfp4's groups of 16");
   // x @ W.
   auto qvm = cu::plan(
       problem(Mode::fp4, false, 1, 4096, 14336),
