@@ -44,6 +44,7 @@ set(FPQMM_NAX_DEPLOYMENT_TARGET 26.2)
 # headers include <fmt/format.h>, which no wheel ships: a stand-in.
 set(FPQMM_CUDA_SOURCES
   csrc/backend/cuda/primitives.cu
+  csrc/backend/cuda/device_memory.cu
   csrc/backend/cuda/table.cu
   csrc/backend/cuda/instantiations/e2m1_bfloat16.cu
   csrc/backend/cuda/instantiations/e2m1_float16.cu

@@ -24,6 +24,7 @@ from reference import (
 )
 
 import mlx_fpqmm
+from mlx_fpqmm import _ext
 
 pytestmark = [
     pytest.mark.cuda,
@@ -226,6 +227,7 @@ def test_memory_is_flat_over_many_calls():
     mx.eval(mlx_fpqmm.fp4_qmm(x, w_q, scales, stream=GPU))
     mx.synchronize()
     before = mx.get_active_memory()
+    ours_before = _ext._cuda_device_bytes()
     for i in range(10_000):
         y = mlx_fpqmm.fp4_qmm(x, w_q, scales, stream=GPU)
         if i % 100 == 0:
@@ -234,6 +236,7 @@ def test_memory_is_flat_over_many_calls():
     del y
     mx.synchronize()
     assert mx.get_active_memory() - before < 1 << 20
+    assert _ext._cuda_device_bytes() - ours_before < 1 << 20
 
 
 def test_kernel_path_on_this_gpu():

@@ -253,6 +253,11 @@ mx::Shape with_batch(const mx::Shape& batch, const mx::array& a) {
 // streams it must happen here: libmlx does not export its GPU copy to
 // eval_gpu.)
 mx::array readable_in_place_copy(const mx::array& a, mx::Stream stream) {
+  // Evaluated row-contiguous arrays (a model's weights and scales) need
+  // neither a copy nor a node in the graph.
+  if (a.is_available() && a.flags().row_contiguous) {
+    return a;
+  }
   return mx::contiguous(a, false, stream);
 }
 

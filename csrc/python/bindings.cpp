@@ -5,8 +5,9 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
-#include "python/kernel_path.h"
+#include "backend/cuda/device.h"
 #include "ops/ops.h"
+#include "python/kernel_path.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -45,6 +46,10 @@ NB_MODULE(_ext, m) {
   m.doc() = "fp4 / fp8 quantized matrix multiplication for MLX";
 
   m.def("formats", &format_table, "The format table: one dict per mode.");
+  m.def(
+      "_cuda_device_bytes",
+      &mlx_fpqmm::cuda::device_bytes_in_use,
+      "Device memory held by the outputs of our CUDA primitives (bytes).");
   mlx_fpqmm::metal::register_metal_bindings(m);
 
   m.def(

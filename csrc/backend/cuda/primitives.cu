@@ -19,6 +19,7 @@
 
 #include "backend/common/problem.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/device_memory.h"
 #include "backend/cuda/plan.h"
 #include "backend/cuda/table.h"
 #include "primitives/primitives.h"
@@ -102,7 +103,7 @@ void add_launch(
       f,
       dim3(launch.grid[0], launch.grid[1], launch.grid[2]),
       dim3(launch.block[0], launch.block[1], launch.block[2]),
-      dim3(),
+      dim3(launch.cluster[0], launch.cluster[1], launch.cluster[2]),
       static_cast<uint32_t>(launch.shared_bytes),
       args);
 }
@@ -117,8 +118,9 @@ int pointer_alignment(std::initializer_list<const mx::array*> arrays) {
   return static_cast<int>(bits & (~bits + 1));
 }
 
-// Records `problem` on the stream: `inputs` in the order of `names`, the
-// pointers set by `bind` into the kernel arguments.
+// Records `problem` on the stream into `out` (allocated here): `inputs` in
+// the order of `names`, the pointers set by `bind` into the kernel
+// arguments.
 template <typename Bind>
 void run(
     mx::Stream s,
@@ -127,6 +129,7 @@ void run(
     mx::array& out,
     Bind&& bind) {
   auto& encoder = mx::cu::get_command_encoder(s);
+  out.set_data(cuda::device_malloc(out.nbytes(), encoder));
   auto plan = cuda::plan(
       problem, device_of(encoder.device()), cuda::kernel_request_from_env());
   auto args = cuda::kernel_args(problem, plan);
@@ -146,7 +149,7 @@ void run(
       mx::float32,
       nullptr,
       {});
-  partials.set_data(mx::allocator::malloc(partials.nbytes()));
+  partials.set_data(cuda::device_malloc(partials.nbytes(), encoder));
   encoder.add_temporary(partials);
   args.partials = mx::gpu_ptr<float>(partials);
   encoder.set_output_array(partials);
@@ -169,8 +172,8 @@ std::optional<cuda::CudaDevice> cuda::running_device() {
 
 void FpQuantizedMatmul::eval_gpu(
     const std::vector<mx::array>& inputs, mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
   if (out.size() == 0) {
+    out.set_data(mx::allocator::malloc(0));
     return;
   }
   check_readable_in_place(inputs);
@@ -191,8 +194,8 @@ void FpQuantizedMatmul::eval_gpu(
 
 void FpGatherQuantizedMatmul::eval_gpu(
     const std::vector<mx::array>& inputs, mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
   if (out.size() == 0) {
+    out.set_data(mx::allocator::malloc(0));
     return;
   }
   auto problem = describe_gather_problem(

@@ -13,6 +13,10 @@ std::optional<mlx_fpqmm::cuda::CudaDevice> mlx_fpqmm::cuda::running_device() {
   return std::nullopt;
 }
 
+size_t mlx_fpqmm::cuda::device_bytes_in_use() {
+  return 0;
+}
+
 #endif
 
 #if !defined(MLX_FPQMM_CUDA) && \

@@ -331,7 +331,8 @@ __device__ __forceinline__ void fp_qmv_impl(
       n0,
       op.factor * power_of_two(scale_shift<encoding>()),
       y,
-      partials);
+      partials,
+      args.splits_in_cluster);
 }
 
 template <typename T, int bits, int encoding, int x_blocks>
