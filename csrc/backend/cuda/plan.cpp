@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
-#include <limits>
 #include <stdexcept>
 
 #include "backend/common/kernel_request.h"
@@ -123,8 +122,7 @@ void plan_split_k(
     int resident,
     int step_multiple,
     int min_step,
-    KernelPlan& plan,
-    int64_t max_splits = std::numeric_limits<int64_t>::max()) {
+    KernelPlan& plan) {
   plan.split_k = 1;
   plan.split_k_step = p.K;
   const int64_t slots = int64_t(device.sm_count) * resident;
@@ -132,8 +130,7 @@ void plan_split_k(
     return;
   }
   const int64_t wanted = ceil_div(slots, blocks);
-  const int64_t splits =
-      std::min({wanted, int64_t(p.K / min_step), max_splits});
+  const int64_t splits = std::min(wanted, int64_t(p.K / min_step));
   const int64_t step = round_up(ceil_div(p.K, splits), step_multiple);
   const int64_t actual = ceil_div(p.K, step);
   if (actual < 2) {
@@ -143,19 +140,6 @@ void plan_split_k(
   plan.note += "; split_k=" + std::to_string(actual) + ": " +
                std::to_string(blocks) + " blocks for " +
                std::to_string(device.sm_count) + " SMs";
-}
-
-// From sm_90 fp_qmv's splits of K add up in a cluster's distributed shared
-// memory: one kernel and no partials, where a second kernel costs more than
-// the split saves (measured on the H200: 1024 x 4096 split in 4 with the
-// partials took 14.5 us a product in MLX's graphs, 4096 x 4096 unsplit 11.5).
-void add_up_in_cluster(KernelPlan& plan) {
-  plan.splits_in_cluster = true;
-  plan.partials_bytes = 0;
-  plan.reduction.reset();
-  plan.main.cluster = {1, plan.split_k, 1};
-  plan.note +=
-      ", adding up in clusters of " + std::to_string(plan.split_k) + " blocks";
 }
 
 // Blocks per SM of the kernels without launch bounds' minimum (about what
@@ -355,7 +339,6 @@ KernelPlan plan(
   switch (family) {
     case KernelFamily::qmv: {
       const int pass = fc::qmv_pass_codes(format.bits);
-      const bool clusters = device.major >= 9;
       plan_split_k(
           p,
           device,
@@ -363,12 +346,7 @@ KernelPlan plan(
           fc::qmv_min_blocks(p.x_type == FloatType::bfloat16, x_blocks),
           pass,
           fc::kQmvWarps * pass,
-          plan,
-          clusters ? fc::kMaxClusterBlocks
-                   : std::numeric_limits<int64_t>::max());
-      if (clusters && plan.split_k > 1) {
-        add_up_in_cluster(plan);
-      }
+          plan);
       break;
     }
     case KernelFamily::qmv_staged:
@@ -388,9 +366,7 @@ KernelPlan plan(
   }
   plan.main.grid = {
       static_cast<int>(column_blocks),
-      // A multiple of split_k: the blocks of a y index share their split.
-      static_cast<int>(std::min<int64_t>(
-          m_blocks * plan.split_k, kMaxGridYZ / plan.split_k * plan.split_k)),
+      static_cast<int>(std::min<int64_t>(m_blocks * plan.split_k, kMaxGridYZ)),
       static_cast<int>(std::min<int64_t>(plan.batch_count, kMaxGridYZ))};
   if (blocks == 0) {
     plan.note += "; empty output: nothing to launch";
@@ -421,7 +397,6 @@ fpqmm::cuda::QmmArgs kernel_args(
   args.w_matrices = problem.w_matrices;
   args.split_k = plan.split_k;
   args.split_k_step = plan.split_k_step;
-  args.splits_in_cluster = plan.splits_in_cluster;
   return args;
 }
 

@@ -64,8 +64,7 @@ struct Launch {
   std::string kernel;
   std::array<int, 3> grid;
   std::array<int, 3> block;
-  int shared_bytes = 0;                    // dynamic
-  std::array<int, 3> cluster = {1, 1, 1};  // blocks per cluster (sm_90)
+  int shared_bytes = 0;  // dynamic
 };
 
 struct KernelPlan {
@@ -76,11 +75,8 @@ struct KernelPlan {
   Launch main;
   // Split K: the main kernel writes split_k float32 slices of partial sums
   // (partials_bytes of scratch) and `reduction` (fp_split_k_sum<T>) adds
-  // them into y; or, splits_in_cluster, the splits of a cluster add up in
-  // its shared memory and the main kernel writes y. split_k 1: the main
-  // kernel writes y.
+  // them into y. split_k 1: the main kernel writes y.
   int split_k = 1;
-  bool splits_in_cluster = false;
   int split_k_step = 0;  // codes of K per split
   int64_t partials_bytes = 0;
   std::optional<Launch> reduction;

@@ -103,7 +103,7 @@ void add_launch(
       f,
       dim3(launch.grid[0], launch.grid[1], launch.grid[2]),
       dim3(launch.block[0], launch.block[1], launch.block[2]),
-      dim3(launch.cluster[0], launch.cluster[1], launch.cluster[2]),
+      dim3(),
       static_cast<uint32_t>(launch.shared_bytes),
       args);
 }

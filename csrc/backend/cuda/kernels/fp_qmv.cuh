@@ -331,8 +331,7 @@ __device__ __forceinline__ void fp_qmv_impl(
       n0,
       op.factor * power_of_two(scale_shift<encoding>()),
       y,
-      partials,
-      args.splits_in_cluster);
+      partials);
 }
 
 template <typename T, int bits, int encoding, int x_blocks>

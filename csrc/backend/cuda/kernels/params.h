@@ -76,8 +76,6 @@ constexpr int staged_shared_bytes(int bits, int scale_itemsize) {
   return kStagedWarps * kStages * staged_stage_bytes(bits, scale_itemsize);
 }
 inline constexpr int kDefaultSharedLimit = 48 * 1024;
-// The most blocks a cluster has without opting in (sm_90).
-inline constexpr int kMaxClusterBlocks = 8;
 
 // qvm (x @ W, W (K, N) grouped along N): each lane owns kQvmColumns
 // adjacent outputs (one or two packed words per row of W) for up to
@@ -121,7 +119,6 @@ struct QmmArgs {
   int x_matrices, w_matrices;  // gather only
   int split_k;                 // 1: no split
   int split_k_step;            // codes of K per split, a multiple of the stage
-  int splits_in_cluster;       // split K adds up across a cluster (sm_90)
 };
 
 }  // namespace fpqmm::cuda

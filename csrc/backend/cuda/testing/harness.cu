@@ -125,7 +125,6 @@ struct Case {
   bool global_scale = false;
   bool nonfinite = false;  // inf / NaN scales, NaN codes, zero x
   std::optional<cu::KernelRequest> request;
-  bool as_sm80 = false;  // planned as for sm_80 (split K through partials)
 };
 
 struct HostProblem {
@@ -370,19 +369,9 @@ void launch(const cu::Launch& l, const void* kernel, const fc::QmmArgs& args,
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, l.shared_bytes));
   }
   void* params[] = {const_cast<fc::QmmArgs*>(&args)};
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(l.grid[0], l.grid[1], l.grid[2]);
-  config.blockDim = dim3(l.block[0], l.block[1], l.block[2]);
-  config.dynamicSmemBytes = l.shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim = {unsigned(l.cluster[0]), unsigned(l.cluster[1]), unsigned(l.cluster[2])};
-  if (l.cluster != std::array<int, 3>{1, 1, 1}) {
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-  }
-  CHECK_CUDA(cudaLaunchKernelExC(&config, kernel, params));
+  CHECK_CUDA(cudaLaunchKernel(
+      kernel, dim3(l.grid[0], l.grid[1], l.grid[2]),
+      dim3(l.block[0], l.block[1], l.block[2]), params, l.shared_bytes, stream));
 }
 
 cu::CudaDevice this_device() {
@@ -413,11 +402,7 @@ void run_plan(const cu::KernelPlan& plan, const QmmProblem& problem,
 
 bool run_case(const Case& c, std::mt19937& rng) {
   HostProblem h = make_problem(c, rng);
-  auto device = this_device();
-  if (c.as_sm80) {
-    device.major = 8;
-    device.minor = 0;
-  }
+  const auto device = this_device();
   const auto request = c.request.value_or(cu::KernelRequest::automatic);
   const cu::KernelPlan plan = cu::plan(h.problem, device, request);
   DeviceProblem d;
@@ -475,10 +460,9 @@ bool run_case(const Case& c, std::mt19937& rng) {
       std::printf("    [%zu] got %g want %g (|terms| %g)\n", i, got, want, magnitude[i]);
     }
   }
-  std::printf("%s %-60s %-44s split=%d%s grid=(%d,%d,%d) worst=%.2f\n",
+  std::printf("%s %-60s %-44s split=%d grid=(%d,%d,%d) worst=%.2f\n",
               bad ? "FAIL" : "ok  ", c.name.c_str(), plan.main.kernel.c_str(),
-              plan.split_k, plan.splits_in_cluster ? " (cluster)" : "",
-              plan.main.grid[0], plan.main.grid[1],
+              plan.split_k, plan.main.grid[0], plan.main.grid[1],
               plan.main.grid[2], worst);
   for (void* p : {d.w, d.scales, d.x, d.y, (void*)d.global_scale, (void*)d.lhs,
                   (void*)d.rhs, (void*)d.partials}) {
@@ -611,8 +595,7 @@ std::vector<Case> test_cases() {
          FloatType::bfloat16, std::nullopt, false, 20, 256, 100};
   q.request = cu::KernelRequest::decode;
   cases.push_back(q);
-  // Both x @ W^T kernels on every transposed case, and fp_qmv as planned
-  // for sm_80 (its splits of K add up through partials, not in clusters).
+  // Both x @ W^T kernels on every transposed case.
   const size_t planned = cases.size();
   for (size_t i = 0; i < planned; ++i) {
     if (cases[i].transpose && !cases[i].request) {
@@ -620,10 +603,6 @@ std::vector<Case> test_cases() {
       staged.name += " staged";
       staged.request = cu::KernelRequest::staged;
       cases.push_back(staged);
-      Case ampere = cases[i];
-      ampere.name += " sm_80";
-      ampere.as_sm80 = true;
-      cases.push_back(ampere);
     }
   }
   return cases;
@@ -710,12 +689,11 @@ void bench(const std::string& only) {
 
   auto run_dense = [&](const std::string& label, QmmProblem problem,
                        const std::vector<uint32_t>* lhs, const std::vector<uint32_t>* rhs,
-                       int64_t weight_bytes, int64_t scale_bytes, int64_t set_w, int64_t set_s,
-                       cu::CudaDevice as = {}) {
+                       int64_t weight_bytes, int64_t scale_bytes, int64_t set_w, int64_t set_s) {
     if (!only.empty() && label.find(only) == std::string::npos) {
       return;
     }
-    const auto plan = cu::plan(problem, as.major ? as : device, cu::KernelRequest::automatic);
+    const auto plan = cu::plan(problem, device, cu::KernelRequest::automatic);
     const int copies = int(std::max<int64_t>(2, kPool / set_w));
     DeviceProblem d;
     d.x = x;
@@ -740,9 +718,8 @@ void bench(const std::string& only) {
         },
         copies);
     const double gbs = (weight_bytes + scale_bytes) / us / 1e3;
-    std::printf("%-44s %10.2f %9.0f %5.0f%%  %s split=%d%s\n", label.c_str(), us, gbs,
-                100.0 * gbs / read_gbs, plan.main.kernel.c_str(), plan.split_k,
-                plan.splits_in_cluster ? " (cluster)" : "");
+    std::printf("%-44s %10.2f %9.0f %5.0f%%  %s split=%d\n", label.c_str(), us, gbs,
+                100.0 * gbs / read_gbs, plan.main.kernel.c_str(), plan.split_k);
     cudaFree(indices);
   };
 
@@ -770,10 +747,6 @@ void bench(const std::string& only) {
           const std::string label = std::string(spec.name) + " " + std::to_string(N) + "x" +
               std::to_string(K) + " M=" + std::to_string(M) + " " + tname;
           run_dense(label, p, nullptr, nullptr, wb, sb, (wb + 255) / 256 * 256, (sb + 255) / 256 * 256);
-          if (N == 1024) {
-            run_dense(label + " sm_80 plan", p, nullptr, nullptr, wb, sb, (wb + 255) / 256 * 256,
-                      (sb + 255) / 256 * 256, {8, 0, device.sm_count});
-          }
         }
       }
     }
