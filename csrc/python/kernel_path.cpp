@@ -275,6 +275,7 @@ nb::dict cuda_plan_dict(
   result["block"] = triple(plan.main.block);
   result["shared_bytes"] = plan.main.shared_bytes;
   result["split_k"] = plan.split_k;
+  result["splits_in_cluster"] = plan.splits_in_cluster;
   result["partials_bytes"] = plan.partials_bytes;
   result["reduction"] =
       plan.reduction ? nb::object(launch_dict(*plan.reduction)) : nb::none();
@@ -492,8 +493,10 @@ void register_metal_bindings(nb::module_& m) {
             ``split_k`` and ``partials_elements`` (the float32 partial sums
             that the ``reduction`` dispatch adds; else ``None``). CUDA adds
             ``device``, ``sm_count``, ``grid``, ``block``, ``shared_bytes``,
-            ``split_k``, ``partials_bytes``, ``reduction`` (the split-K sum
-            launch, or ``None``) and ``batch_count``.
+            ``split_k``, ``splits_in_cluster`` (the splits of K add up in a
+            thread block cluster, sm_90 and later),
+            ``partials_bytes``, ``reduction`` (the split-K sum launch, or
+            ``None``) and ``batch_count``.
       )pbdoc");
 
   m.def(

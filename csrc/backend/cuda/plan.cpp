@@ -35,7 +35,7 @@ std::string_view encoding_name(ScaleEncoding encoding) {
 
 std::string kernel_name(const KernelKey& key) {
   constexpr std::array<std::string_view, 4> families = {
-      "qmv", "qmv_staged", "qvm"};
+      "qmv", "qmv_staged", "qvm", "qmv_cluster"};
   std::string name = "fpqmm_" +
                      std::string(families[static_cast<size_t>(key.family)]) +
                      "_" + std::string(codes_name(key.bits)) + "_" +
@@ -140,6 +140,33 @@ void plan_split_k(
   plan.note += "; split_k=" + std::to_string(actual) + ": " +
                std::to_string(blocks) + " blocks for " +
                std::to_string(device.sm_count) + " SMs";
+}
+
+// From sm_90 a split of K in up to kMaxClusterSplit becomes
+// fp_qmv_cluster's kClusterSplits splits, which add up in the distributed
+// shared memory of a thread block cluster: one kernel and no partials,
+// faster than the partials and their kernel where the split is small (more
+// splits keep the partials). The cluster's shape is the kernel's own
+// (__cluster_dims__), not a launch attribute: MLX's graph cache updates
+// executable graphs in place, which leaves launch attributes as they were.
+inline constexpr int kMaxClusterSplit = 8;
+
+void split_in_cluster(
+    const QmmProblem& p, int step_multiple, KernelPlan& plan) {
+  const int64_t step =
+      round_up(ceil_div(p.K, fc::kClusterSplits), step_multiple);
+  if (ceil_div(p.K, step) != fc::kClusterSplits) {
+    return;
+  }
+  plan.split_k = fc::kClusterSplits;
+  plan.split_k_step = static_cast<int>(step);
+  plan.partials_bytes = 0;
+  plan.reduction.reset();
+  plan.splits_in_cluster = true;
+  plan.key.family = KernelFamily::qmv_cluster;
+  plan.main.kernel = kernel_name(plan.key);
+  plan.note += "; instead " + std::to_string(fc::kClusterSplits) +
+               " splits adding up in a thread block cluster";
 }
 
 // Blocks per SM of the kernels without launch bounds' minimum (about what
@@ -313,7 +340,8 @@ KernelPlan plan(
   int64_t column_blocks;
   int64_t m_blocks;
   switch (family) {
-    case KernelFamily::qmv: {
+    case KernelFamily::qmv:
+    case KernelFamily::qmv_cluster: {
       const bool bfloat16_x = p.x_type == FloatType::bfloat16;
       column_blocks = ceil_div(p.N, fc::qmv_rows_per_block(bfloat16_x));
       m_blocks = ceil_div(p.M, x_blocks * fc::kXBlockRows);
@@ -337,7 +365,8 @@ KernelPlan plan(
   }
   const int64_t blocks = column_blocks * m_blocks * plan.batch_count;
   switch (family) {
-    case KernelFamily::qmv: {
+    case KernelFamily::qmv:
+    case KernelFamily::qmv_cluster: {
       const int pass = fc::qmv_pass_codes(format.bits);
       plan_split_k(
           p,
@@ -347,6 +376,10 @@ KernelPlan plan(
           pass,
           fc::kQmvWarps * pass,
           plan);
+      if (device.major >= 9 && plan.split_k > 1 &&
+          plan.split_k <= kMaxClusterSplit) {
+        split_in_cluster(p, pass, plan);
+      }
       break;
     }
     case KernelFamily::qmv_staged:
@@ -366,7 +399,9 @@ KernelPlan plan(
   }
   plan.main.grid = {
       static_cast<int>(column_blocks),
-      static_cast<int>(std::min<int64_t>(m_blocks * plan.split_k, kMaxGridYZ)),
+      // A multiple of split_k: the blocks of a y index share their split.
+      static_cast<int>(std::min<int64_t>(
+          m_blocks * plan.split_k, kMaxGridYZ / plan.split_k * plan.split_k)),
       static_cast<int>(std::min<int64_t>(plan.batch_count, kMaxGridYZ))};
   if (blocks == 0) {
     plan.note += "; empty output: nothing to launch";

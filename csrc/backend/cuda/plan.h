@@ -49,8 +49,10 @@ std::string_view request_name(KernelRequest request);  // "auto", ...
 KernelRequest kernel_request_from_env();
 
 // The main kernel and its template arguments: fp_qmv<T, bits, encoding,
-// x_blocks>, fp_qmv_staged<...> or fp_qvm<T, bits, encoding> (x_blocks 0).
-enum class KernelFamily { qmv, qmv_staged, qvm };
+// x_blocks>, fp_qmv_staged<...>, fp_qvm<T, bits, encoding> (x_blocks 0) or
+// fp_qmv_cluster<T, bits, encoding, x_blocks> (fp_qmv with K split over a
+// thread block cluster, sm_90).
+enum class KernelFamily { qmv, qmv_staged, qvm, qmv_cluster };
 
 struct KernelKey {
   KernelFamily family;
@@ -75,8 +77,12 @@ struct KernelPlan {
   Launch main;
   // Split K: the main kernel writes split_k float32 slices of partial sums
   // (partials_bytes of scratch) and `reduction` (fp_split_k_sum<T>) adds
-  // them into y. split_k 1: the main kernel writes y.
+  // them into y; or, splits_in_cluster (fp_qmv_cluster), the
+  // fpqmm::cuda::kClusterSplits splits of a cluster add up in its shared
+  // memory and the main kernel writes y. split_k 1: the main kernel writes
+  // y.
   int split_k = 1;
+  bool splits_in_cluster = false;
   int split_k_step = 0;  // codes of K per split
   int64_t partials_bytes = 0;
   std::optional<Launch> reduction;

@@ -3,6 +3,8 @@
 // same outputs.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include "backend/cuda/kernels/fp_operands.cuh"
 
 namespace fpqmm::cuda {
@@ -41,11 +43,41 @@ __device__ __forceinline__ FragmentLane fragment_lane(int lane) {
   return {lane / 4, lane % 4};
 }
 
+// The sums of a cluster's blocks, `count` floats at `sums` in the shared
+// memory of each, added up in the order of the blocks' ranks and handed to
+// store(e, total), the elements spread over the cluster's threads (sm_90).
+template <typename Store>
+__device__ __forceinline__ void add_up_in_cluster(
+    float* sums, int count, Store&& store) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  auto cluster = cg::this_cluster();
+  cluster.sync();
+  const int ranks = static_cast<int>(cluster.num_blocks());
+  for (int e =
+           static_cast<int>(cluster.block_rank()) * blockDim.x + threadIdx.x;
+       e < count;
+       e += ranks * blockDim.x) {
+    float total = 0.0f;
+    for (int r = 0; r < ranks; ++r) {
+      total += cluster.map_shared_rank(sums, r)[e];
+    }
+    store(e, total);
+  }
+  // Shared memory lives as long as its block: none leaves before all have
+  // read.
+  cluster.sync();
+#else
+  __trap();
+#endif
+}
+
 // The end of a block whose `warps` warps each hold sums[tiles][x_blocks][4]
 // of the same outputs (tiles of 16 W rows from n0, blocks of 8 x rows from
 // m0): they meet in shared memory `reduction` (warps * tiles * x_blocks * 4
 // * 32 floats, free for this use), and the totals, times `factor`, go to y
-// or, with split K, to the float32 partials.
+// or, with split K, to the float32 partials or (splits_in_cluster) to the
+// other splits of the block's cluster, which add up into y.
 template <int warps, int tiles, int x_blocks, typename T>
 __device__ __forceinline__ void store_block_sums(
     const float (&sums)[tiles][x_blocks][4],
@@ -56,8 +88,10 @@ __device__ __forceinline__ void store_block_sums(
     int n0,
     float factor,
     T* y,
-    float* partials) {
+    float* partials,
+    bool splits_in_cluster = false) {
   constexpr int values = tiles * x_blocks * 4;
+  constexpr int totals = values * kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   __syncthreads();
@@ -73,13 +107,7 @@ __device__ __forceinline__ void store_block_sums(
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < values * kWarpSize; e += blockDim.x) {
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < warps; ++w) {
-      total += reduction[w * values * kWarpSize + e];
-    }
-    total *= factor;
+  auto store = [&](int e, float total) {
     const int v = e / kWarpSize;
     const FragmentLane owner = fragment_lane(e % kWarpSize);
     const int i = v % 4;
@@ -94,6 +122,24 @@ __device__ __forceinline__ void store_block_sums(
         y[int64_t(m) * N + n] = static_cast<T>(total);
       }
     }
+  };
+  for (int e = threadIdx.x; e < totals; e += blockDim.x) {
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < warps; ++w) {
+      total += reduction[w * totals + e];
+    }
+    // Element e of warp 0's sums is read by this thread alone.
+    if (splits_in_cluster) {
+      reduction[e] = total;
+    } else {
+      store(e, total * factor);
+    }
+  }
+  if (splits_in_cluster) {
+    add_up_in_cluster(reduction, totals, [&](int e, float total) {
+      store(e, total * factor);
+    });
   }
 }
 

@@ -116,8 +116,14 @@ __device__ __forceinline__ void x_pair(
 // W rows [n0, n0 + qmv_rows_per_block) times x rows [m0, m0 + x_blocks * 8)
 // over K range [k_begin, k_end) of one product: every warp of the block
 // calls it, taking every kQmvWarps-th pass of the quads over K, and the
-// block's sums end in `out` (y, or float32 partials with split K).
-template <typename T, int bits, int encoding, int x_blocks>
+// block's sums end in y, in float32 partials with split K, or in the sums
+// of the other splits of its cluster (splits_in_cluster).
+template <
+    typename T,
+    int bits,
+    int encoding,
+    int x_blocks,
+    bool splits_in_cluster>
 __device__ __forceinline__ void fp_qmv_impl(
     const QmmArgs& args,
     const Operands<T, encoding>& op,
@@ -331,14 +337,17 @@ __device__ __forceinline__ void fp_qmv_impl(
       n0,
       op.factor * power_of_two(scale_shift<encoding>()),
       y,
-      partials);
+      partials,
+      splits_in_cluster);
 }
 
-template <typename T, int bits, int encoding, int x_blocks>
-__global__ void __launch_bounds__(
-    kQmvWarps* kWarpSize,
-    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, x_blocks))
-    fp_qmv(const QmmArgs args) {
+template <
+    typename T,
+    int bits,
+    int encoding,
+    int x_blocks,
+    bool splits_in_cluster>
+__device__ __forceinline__ void fp_qmv_grid(const QmmArgs& args) {
   extern __shared__ float4 shared_floats[];
   auto* reduction = reinterpret_cast<float*>(shared_floats);
   transposed_grid<T, bits, encoding, x_blocks>(
@@ -351,9 +360,36 @@ __global__ void __launch_bounds__(
           int k_end,
           T* y,
           float* partials) {
-        fp_qmv_impl<T, bits, encoding, x_blocks>(
+        fp_qmv_impl<T, bits, encoding, x_blocks, splits_in_cluster>(
             args, op, reduction, m0, n0, k_begin, k_end, y, partials);
       });
 }
+
+template <typename T, int bits, int encoding, int x_blocks>
+__global__ void __launch_bounds__(
+    kQmvWarps* kWarpSize,
+    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, x_blocks))
+    fp_qmv(const QmmArgs args) {
+  fp_qmv_grid<T, bits, encoding, x_blocks, false>(args);
+}
+
+// Clusters need sm_90; the kernel of other architectures is never launched.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define FPQMM_SPLITS_CLUSTER
+#else
+#define FPQMM_SPLITS_CLUSTER __cluster_dims__(1, kClusterSplits, 1)
+#endif
+
+// fp_qmv with K split over the blocks of a cluster (grid y), which add up
+// their sums in distributed shared memory.
+template <typename T, int bits, int encoding, int x_blocks>
+__global__ void __launch_bounds__(
+    kQmvWarps* kWarpSize,
+    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, x_blocks))
+    FPQMM_SPLITS_CLUSTER fp_qmv_cluster(const QmmArgs args) {
+  fp_qmv_grid<T, bits, encoding, x_blocks, true>(args);
+}
+
+#undef FPQMM_SPLITS_CLUSTER
 
 }  // namespace fpqmm::cuda

@@ -32,7 +32,7 @@ void with_encoding(ScaleEncoding encoding, F&& f) {
   }
 }
 
-// fp_qmv, fp_qmv_staged or fp_qvm for `key` (of x type T and
+// fp_qmv, fp_qmv_cluster, fp_qmv_staged or fp_qvm for `key` (of x type T and
 // `bits`-wide codes); null for E4M3 scales with E4M3 codes, which no format
 // has.
 template <typename T, int bits>
@@ -58,6 +58,13 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
                   ? reinterpret_cast<const void*>(&fp_qmv<T, bits, encoding, 1>)
                   : reinterpret_cast<const void*>(
                         &fp_qmv<T, bits, encoding, kMaxXBlocks>);
+          break;
+        case KernelFamily::qmv_cluster:
+          kernel = key.x_blocks == 1
+                       ? reinterpret_cast<const void*>(
+                             &fp_qmv_cluster<T, bits, encoding, 1>)
+                       : reinterpret_cast<const void*>(
+                             &fp_qmv_cluster<T, bits, encoding, kMaxXBlocks>);
           break;
       }
     }

@@ -76,6 +76,8 @@ constexpr int staged_shared_bytes(int bits, int scale_itemsize) {
   return kStagedWarps * kStages * staged_stage_bytes(bits, scale_itemsize);
 }
 inline constexpr int kDefaultSharedLimit = 48 * 1024;
+// fp_qmv_cluster's blocks per cluster: its splits of K.
+inline constexpr int kClusterSplits = 4;
 
 // qvm (x @ W, W (K, N) grouped along N): each lane owns kQvmColumns
 // adjacent outputs (one or two packed words per row of W) for up to

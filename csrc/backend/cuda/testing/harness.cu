@@ -125,6 +125,7 @@ struct Case {
   bool global_scale = false;
   bool nonfinite = false;  // inf / NaN scales, NaN codes, zero x
   std::optional<cu::KernelRequest> request;
+  bool as_sm80 = false;  // planned as for sm_80 (split K through partials)
 };
 
 struct HostProblem {
@@ -402,7 +403,11 @@ void run_plan(const cu::KernelPlan& plan, const QmmProblem& problem,
 
 bool run_case(const Case& c, std::mt19937& rng) {
   HostProblem h = make_problem(c, rng);
-  const auto device = this_device();
+  auto device = this_device();
+  if (c.as_sm80) {
+    device.major = 8;
+    device.minor = 0;
+  }
   const auto request = c.request.value_or(cu::KernelRequest::automatic);
   const cu::KernelPlan plan = cu::plan(h.problem, device, request);
   DeviceProblem d;
@@ -432,7 +437,8 @@ bool run_case(const Case& c, std::mt19937& rng) {
                                                          : 0x1p-8;
   // fp_qmv rounds code times a float scale to bfloat16.
   const auto encoding = mlx_fpqmm::scale_encoding(c.mode, c.scale_type);
-  const bool rounded_w = plan.key.family == cu::KernelFamily::qmv &&
+  const bool rounded_w = (plan.key.family == cu::KernelFamily::qmv ||
+                          plan.key.family == cu::KernelFamily::qmv_cluster) &&
       encoding != ScaleEncoding::e8m0 && encoding != ScaleEncoding::e4m3;
   const double term_eps = rounded_w ? 0x1p-8
       : c.x_type == FloatType::float32 ? 0x1p-15
@@ -460,9 +466,10 @@ bool run_case(const Case& c, std::mt19937& rng) {
       std::printf("    [%zu] got %g want %g (|terms| %g)\n", i, got, want, magnitude[i]);
     }
   }
-  std::printf("%s %-60s %-44s split=%d grid=(%d,%d,%d) worst=%.2f\n",
+  std::printf("%s %-60s %-44s split=%d%s grid=(%d,%d,%d) worst=%.2f\n",
               bad ? "FAIL" : "ok  ", c.name.c_str(), plan.main.kernel.c_str(),
-              plan.split_k, plan.main.grid[0], plan.main.grid[1],
+              plan.split_k, plan.splits_in_cluster ? " (cluster)" : "",
+              plan.main.grid[0], plan.main.grid[1],
               plan.main.grid[2], worst);
   for (void* p : {d.w, d.scales, d.x, d.y, (void*)d.global_scale, (void*)d.lhs,
                   (void*)d.rhs, (void*)d.partials}) {
@@ -595,7 +602,8 @@ std::vector<Case> test_cases() {
          FloatType::bfloat16, std::nullopt, false, 20, 256, 100};
   q.request = cu::KernelRequest::decode;
   cases.push_back(q);
-  // Both x @ W^T kernels on every transposed case.
+  // Both x @ W^T kernels on every transposed case, and fp_qmv as planned
+  // for sm_80 (its splits of K add up through partials, not in clusters).
   const size_t planned = cases.size();
   for (size_t i = 0; i < planned; ++i) {
     if (cases[i].transpose && !cases[i].request) {
@@ -603,6 +611,10 @@ std::vector<Case> test_cases() {
       staged.name += " staged";
       staged.request = cu::KernelRequest::staged;
       cases.push_back(staged);
+      Case ampere = cases[i];
+      ampere.name += " sm_80";
+      ampere.as_sm80 = true;
+      cases.push_back(ampere);
     }
   }
   return cases;
@@ -689,11 +701,12 @@ void bench(const std::string& only) {
 
   auto run_dense = [&](const std::string& label, QmmProblem problem,
                        const std::vector<uint32_t>* lhs, const std::vector<uint32_t>* rhs,
-                       int64_t weight_bytes, int64_t scale_bytes, int64_t set_w, int64_t set_s) {
+                       int64_t weight_bytes, int64_t scale_bytes, int64_t set_w, int64_t set_s,
+                       cu::CudaDevice as = {}) {
     if (!only.empty() && label.find(only) == std::string::npos) {
       return;
     }
-    const auto plan = cu::plan(problem, device, cu::KernelRequest::automatic);
+    const auto plan = cu::plan(problem, as.major ? as : device, cu::KernelRequest::automatic);
     const int copies = int(std::max<int64_t>(2, kPool / set_w));
     DeviceProblem d;
     d.x = x;
@@ -718,8 +731,9 @@ void bench(const std::string& only) {
         },
         copies);
     const double gbs = (weight_bytes + scale_bytes) / us / 1e3;
-    std::printf("%-44s %10.2f %9.0f %5.0f%%  %s split=%d\n", label.c_str(), us, gbs,
-                100.0 * gbs / read_gbs, plan.main.kernel.c_str(), plan.split_k);
+    std::printf("%-44s %10.2f %9.0f %5.0f%%  %s split=%d%s\n", label.c_str(), us, gbs,
+                100.0 * gbs / read_gbs, plan.main.kernel.c_str(), plan.split_k,
+                plan.splits_in_cluster ? " (cluster)" : "");
     cudaFree(indices);
   };
 
@@ -747,6 +761,10 @@ void bench(const std::string& only) {
           const std::string label = std::string(spec.name) + " " + std::to_string(N) + "x" +
               std::to_string(K) + " M=" + std::to_string(M) + " " + tname;
           run_dense(label, p, nullptr, nullptr, wb, sb, (wb + 255) / 256 * 256, (sb + 255) / 256 * 256);
+          if (N == 1024) {
+            run_dense(label + " sm_80 plan", p, nullptr, nullptr, wb, sb, (wb + 255) / 256 * 256,
+                      (sb + 255) / 256 * 256, {8, 0, device.sm_count});
+          }
         }
       }
     }

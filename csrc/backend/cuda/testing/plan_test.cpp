@@ -90,7 +90,8 @@ int main() {
   check(
       big.split_k == 1 && !big.reduction && big.partials_bytes == 0,
       "no split");
-  // 64 row blocks: split K, partial sums and their reduction.
+  // 64 row blocks: split K. On sm_90 the splits add up in a cluster; on
+  // sm_80 in partial sums and their reduction.
   auto small = cu::plan(
       problem(Mode::mxfp4, true, 1, 1024, 4096),
       h200,
@@ -101,13 +102,42 @@ int main() {
           small.split_k_step * small.split_k >= 4096,
       "1024 rows split " + std::to_string(small.split_k));
   check(
-      small.partials_bytes == int64_t(small.split_k) * 1024 * 4,
-      "partials bytes");
-  check(
-      small.reduction &&
-          small.reduction->kernel == "fpqmm_split_k_sum_bfloat16",
-      "reduction");
+      small.splits_in_cluster && !small.reduction &&
+          small.partials_bytes == 0 &&
+          small.split_k == fpqmm::cuda::kClusterSplits &&
+          small.key.family == cu::KernelFamily::qmv_cluster &&
+          small.main.kernel == "fpqmm_qmv_cluster_e2m1_e8m0_bfloat16_x8",
+      "sm_90: splits in a cluster, " + small.main.kernel);
   check(small.main.grid[1] == small.split_k, "splits on grid y");
+  // mxfp8's 7 splits become a cluster's 4.
+  auto small8 = cu::plan(
+      problem(Mode::mxfp8, true, 1, 1024, 4096),
+      h200,
+      cu::KernelRequest::automatic);
+  check(
+      small8.splits_in_cluster && small8.split_k == 4 &&
+          small8.split_k_step == 1024,
+      "mxfp8 1024 x 4096 in a cluster");
+  // Few rows and a long K: more splits than a cluster's, with partials.
+  auto narrow = cu::plan(
+      problem(Mode::mxfp4, true, 1, 64, 14336),
+      h200,
+      cu::KernelRequest::automatic);
+  check(
+      narrow.split_k > 8 && !narrow.splits_in_cluster && narrow.reduction &&
+          narrow.key.family == cu::KernelFamily::qmv,
+      "64 x 14336 split " + std::to_string(narrow.split_k));
+  const auto a100 = cu::CudaDevice{8, 0, 108};
+  auto ampere = cu::plan(
+      problem(Mode::mxfp4, true, 1, 1024, 4096),
+      a100,
+      cu::KernelRequest::automatic);
+  check(
+      ampere.split_k >= 2 && !ampere.splits_in_cluster &&
+          ampere.partials_bytes == int64_t(ampere.split_k) * 1024 * 4 &&
+          ampere.reduction &&
+          ampere.reduction->kernel == "fpqmm_split_k_sum_bfloat16",
+      "sm_80: partials and their reduction");
   // x rows: 9..16 take two x blocks, more the simple path.
   auto m12 = cu::plan(
       problem(Mode::nvfp4, true, 12, 14336, 4096),
