@@ -38,11 +38,14 @@ QmmProblem problem(Mode mode, bool transpose, int M, int N, int K) {
   return p;
 }
 
+// The automatic plan of `p` on `device`.
+cu::KernelPlan auto_plan(const QmmProblem& p, const cu::CudaDevice& device) {
+  return cu::plan(p, device, cu::KernelRequest::automatic);
+}
+
 // The kernel family the automatic plan picks on an H200.
 cu::KernelFamily family_on_h200(const QmmProblem& p) {
-  return cu::plan(
-             p, *cu::device_from_name("sm_90"), cu::KernelRequest::automatic)
-      .key.family;
+  return auto_plan(p, *cu::device_from_name("sm_90")).key.family;
 }
 
 template <typename F>
@@ -68,18 +71,12 @@ int main() {
       "other names");
   check(
       throws([&] {
-        cu::plan(
-            problem(Mode::mxfp4, true, 1, 64, 64),
-            {7, 5, 40},
-            cu::KernelRequest::automatic);
+        auto_plan(problem(Mode::mxfp4, true, 1, 64, 64), {7, 5, 40});
       }),
       "sm_75 is refused");
 
   // Decode: 896 blocks of 16 rows (bfloat16 x) fill the GPU without split K.
-  auto big = cu::plan(
-      problem(Mode::mxfp4, true, 1, 14336, 4096),
-      h200,
-      cu::KernelRequest::automatic);
+  auto big = auto_plan(problem(Mode::mxfp4, true, 1, 14336, 4096), h200);
   check(big.path == cu::KernelPath::qmv, "14336x4096 qmv");
   check(big.main.kernel == "fpqmm_qmv_e2m1_e8m0_bfloat16_x8", big.main.kernel);
   check(big.main.grid == std::array<int, 3>{896, 1, 1}, "14336 grid");
@@ -92,10 +89,7 @@ int main() {
       "no split");
   // 64 row blocks: split K. On sm_90 the splits add up in a cluster; on
   // sm_80 in partial sums and their reduction.
-  auto small = cu::plan(
-      problem(Mode::mxfp4, true, 1, 1024, 4096),
-      h200,
-      cu::KernelRequest::automatic);
+  auto small = auto_plan(problem(Mode::mxfp4, true, 1, 1024, 4096), h200);
   check(
       small.split_k >= 2 && small.split_k_step % 128 == 0 &&
           small.split_k_step * (small.split_k - 1) < 4096 &&
@@ -110,28 +104,19 @@ int main() {
       "sm_90: splits in a cluster, " + small.main.kernel);
   check(small.main.grid[1] == small.split_k, "splits on grid y");
   // mxfp8's 7 splits become a cluster's 4.
-  auto small8 = cu::plan(
-      problem(Mode::mxfp8, true, 1, 1024, 4096),
-      h200,
-      cu::KernelRequest::automatic);
+  auto small8 = auto_plan(problem(Mode::mxfp8, true, 1, 1024, 4096), h200);
   check(
       small8.splits_in_cluster && small8.split_k == 4 &&
           small8.split_k_step == 1024,
       "mxfp8 1024 x 4096 in a cluster");
   // Few rows and a long K: more splits than a cluster's, with partials.
-  auto narrow = cu::plan(
-      problem(Mode::mxfp4, true, 1, 64, 14336),
-      h200,
-      cu::KernelRequest::automatic);
+  auto narrow = auto_plan(problem(Mode::mxfp4, true, 1, 64, 14336), h200);
   check(
       narrow.split_k > 8 && !narrow.splits_in_cluster && narrow.reduction &&
           narrow.key.family == cu::KernelFamily::qmv,
       "64 x 14336 split " + std::to_string(narrow.split_k));
   const auto a100 = cu::CudaDevice{8, 0, 108};
-  auto ampere = cu::plan(
-      problem(Mode::mxfp4, true, 1, 1024, 4096),
-      a100,
-      cu::KernelRequest::automatic);
+  auto ampere = auto_plan(problem(Mode::mxfp4, true, 1, 1024, 4096), a100);
   check(
       ampere.split_k >= 2 && !ampere.splits_in_cluster &&
           ampere.partials_bytes == int64_t(ampere.split_k) * 1024 * 4 &&
@@ -139,23 +124,14 @@ int main() {
           ampere.reduction->kernel == "fpqmm_split_k_sum_bfloat16",
       "sm_80: partials and their reduction");
   // x rows: 9..16 take two x blocks, more the simple path.
-  auto m12 = cu::plan(
-      problem(Mode::nvfp4, true, 12, 14336, 4096),
-      h200,
-      cu::KernelRequest::automatic);
+  auto m12 = auto_plan(problem(Mode::nvfp4, true, 12, 14336, 4096), h200);
   check(m12.main.kernel == "fpqmm_qmv_e2m1_e4m3_bfloat16_x16", m12.main.kernel);
-  auto m40 = cu::plan(
-      problem(Mode::mxfp8, true, 40, 14336, 4096),
-      h200,
-      cu::KernelRequest::automatic);
+  auto m40 = auto_plan(problem(Mode::mxfp8, true, 40, 14336, 4096), h200);
   check(
       m40.path == cu::KernelPath::simple && m40.main.grid[1] == 3 * m40.split_k,
       "M=40 simple over 3 x blocks");
   // What fp_qmv cannot take goes to fp_qmv_staged.
-  auto odd_k = cu::plan(
-      problem(Mode::nvfp4, true, 40, 14336, 4112),
-      h200,
-      cu::KernelRequest::automatic);
+  auto odd_k = auto_plan(problem(Mode::nvfp4, true, 40, 14336, 4112), h200);
   check(
       odd_k.key.family == cu::KernelFamily::qmv_staged &&
           odd_k.main.kernel == "fpqmm_qmv_staged_e2m1_e4m3_bfloat16_x16" &&
@@ -163,7 +139,7 @@ int main() {
       odd_k.main.kernel);
   auto fp8_unaligned = problem(Mode::mxfp8, true, 40, 14336, 4096);
   fp8_unaligned.pointer_alignment = 8;
-  auto fp8_staged = cu::plan(fp8_unaligned, h200, cu::KernelRequest::automatic);
+  auto fp8_staged = auto_plan(fp8_unaligned, h200);
   check(
       fp8_staged.main.shared_bytes > 48 * 1024 &&
           fp8_staged.note.find("opt-in") != std::string::npos,
@@ -189,10 +165,7 @@ int main() {
   auto nvfp4 = problem(Mode::nvfp4, true, 1, 4096, 4096);
   check(family_on_h200(nvfp4) == cu::KernelFamily::qmv, "nvfp4's groups of 16");
   // x @ W.
-  auto qvm = cu::plan(
-      problem(Mode::fp4, false, 1, 4096, 14336),
-      h200,
-      cu::KernelRequest::automatic);
+  auto qvm = auto_plan(problem(Mode::fp4, false, 1, 4096, 14336), h200);
   check(
       qvm.path == cu::KernelPath::qvm &&
           qvm.main.kernel == "fpqmm_qvm_e2m1_float16_bfloat16" &&
@@ -228,14 +201,14 @@ int main() {
   batched.x_batch_strides = {3 * 2 * 512, 2 * 512};
   batched.w_batch_strides = {3 * 256 * 64, 256 * 64};
   batched.scales_batch_strides = {3 * 256 * 16, 256 * 16};
-  auto folded = cu::plan(batched, h200, cu::KernelRequest::automatic);
+  auto folded = auto_plan(batched, h200);
   check(
       folded.batch_shape == std::vector<int>{6} && folded.batch_count == 6 &&
           folded.main.grid[2] == 6,
       "contiguous batch folds");
   batched.w_batch_strides = {0, 256 * 64};
   batched.scales_batch_strides = {0, 256 * 16};
-  auto broadcast = cu::plan(batched, h200, cu::KernelRequest::automatic);
+  auto broadcast = auto_plan(batched, h200);
   check(
       broadcast.batch_shape == std::vector<int>({2, 3}) &&
           broadcast.w_batch_strides == std::vector<int64_t>({0, 256 * 64}),
@@ -252,9 +225,7 @@ int main() {
   deep.x_batch_strides.assign(8, 0);
   deep.w_batch_strides = {0, 1, 0, 1, 0, 1, 0, 1};
   deep.scales_batch_strides = deep.w_batch_strides;
-  check(
-      throws([&] { cu::plan(deep, h200, cu::KernelRequest::automatic); }),
-      "too many batch axes");
+  check(throws([&] { auto_plan(deep, h200); }), "too many batch axes");
 
   // Gather: pairs on grid z, capped (the kernels loop past it).
   auto gather = problem(Mode::mxfp4, true, 1, 2880, 2880);
@@ -262,20 +233,16 @@ int main() {
   gather.batch_shape = {70000};
   gather.x_matrices = 70000;
   gather.w_matrices = 32;
-  auto pairs = cu::plan(gather, h200, cu::KernelRequest::automatic);
+  auto pairs = auto_plan(gather, h200);
   check(
       pairs.main.grid[2] == 65535 && pairs.batch_count == 70000,
       "gather grid z");
   check(cu::kernel_args(gather, pairs).w_matrices == 32, "gather args");
 
   // Empty outputs plan without dividing by zero.
-  auto empty = cu::plan(
-      problem(Mode::mxfp4, true, 1, 0, 64), h200, cu::KernelRequest::automatic);
+  auto empty = auto_plan(problem(Mode::mxfp4, true, 1, 0, 64), h200);
   check(empty.main.grid[0] == 0 && empty.split_k == 1, "N = 0");
-  auto no_rows = cu::plan(
-      problem(Mode::mxfp4, false, 0, 256, 64),
-      h200,
-      cu::KernelRequest::automatic);
+  auto no_rows = auto_plan(problem(Mode::mxfp4, false, 0, 256, 64), h200);
   check(no_rows.main.grid[1] == 0, "M = 0");
 
   std::printf("%d failures\n", failures);
