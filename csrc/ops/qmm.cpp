@@ -5,6 +5,7 @@
 
 #include "mlx/ops.h"
 
+#include "backend/cuda/device.h"
 #include "ops/checks.h"
 #include "ops/qmm.h"
 #include "primitives/primitives.h"
@@ -13,13 +14,54 @@ namespace mlx_fpqmm {
 
 namespace {
 
-// The primitive on inputs readable in place, in the primitive's order.
+// On an NVIDIA GPU, where the CUDA plan multiplies many rows of x by
+// dequantize + matmul: that graph, W dequantized in x's type.
+std::optional<mx::array> dequantized_product(
+    const std::vector<mx::array>& inputs,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    mx::Stream stream) {
+  const auto& x = input(inputs, Input::x);
+  const auto& w = input(inputs, Input::w);
+  if (stream.device != mx::Device::gpu || x.size() == 0 || w.size() == 0 ||
+      !cuda::running_device()) {
+    return std::nullopt;
+  }
+  // The plan's M: with 2-D weights every leading axis of x is folded in.
+  const int64_t M = w.ndim() == 2 ? x.size() / x.shape(-1) : x.shape(-2);
+  if (!cuda::dequantize_then_matmul(M, cuda::kernel_request_from_env())) {
+    return std::nullopt;
+  }
+  const Format& format = format_for(mode);
+  auto dense = mlx_fpqmm::dequantize(
+      w,
+      input(inputs, Input::scales),
+      std::nullopt,
+      group_size,
+      format.bits,
+      std::string(format.name),
+      has_global_scale(inputs)
+          ? std::optional(input(inputs, Input::global_scale))
+          : std::nullopt,
+      x.dtype(),
+      stream);
+  return mx::matmul(
+      x, transpose ? mx::swapaxes(dense, -1, -2, stream) : dense, stream);
+}
+
+// The product on inputs readable in place, in the primitive's order: the
+// primitive, or the CUDA plan's dequantize + matmul.
 mx::array make_fp_qmm(
     std::vector<mx::array> inputs,
     Mode mode,
     int group_size,
     bool transpose,
     mx::Stream stream) {
+  if (auto product =
+          dequantized_product(inputs, mode, group_size, transpose, stream)) {
+    return *product;
+  }
   auto primitive =
       std::make_shared<FpQuantizedMatmul>(stream, mode, group_size, transpose);
   auto shape = primitive->output_shapes(inputs)[0];

@@ -257,16 +257,31 @@ nb::dict cuda_plan_dict(
     if (!named) {
       throw std::invalid_argument(
           "kernel='" + *kernel +
-          "' is not one of 'auto', 'qmv', 'simple', 'qmv_staged'.");
+          "' is not one of 'auto', 'qmv', 'simple', 'qmv_staged', "
+          "'dequantize'.");
     }
     request = *named;
   }
-  auto plan = cuda::plan(problem, device, request);
   nb::dict result;
   result["backend"] = "cuda";
   result["device"] =
       "sm_" + std::to_string(device.major) + std::to_string(device.minor);
   result["sm_count"] = device.sm_count;
+  if (!problem.gather && cuda::dequantize_then_matmul(problem.M, request)) {
+    result["path"] =
+        std::string(cuda::path_name(cuda::KernelPath::dequantize_matmul));
+    result["requested"] = std::string(cuda::request_name(request));
+    result["note"] =
+        request == cuda::KernelRequest::dequantize
+            ? std::string("dequantize requested")
+            : "M=" + std::to_string(problem.M) + " is above " +
+                  std::to_string(cuda::kSimpleRows) +
+                  " rows: W dequantized in x's type, then MLX's matmul";
+    result["kernel"] = nb::none();
+    result["batch_count"] = problem.batch_count();
+    return result;
+  }
+  auto plan = cuda::plan(problem, device, request);
   result["path"] = std::string(cuda::path_name(plan.path));
   result["requested"] = std::string(cuda::request_name(plan.requested));
   result["note"] = plan.note;
@@ -480,8 +495,8 @@ void register_metal_bindings(nb::module_& m) {
               metallib installed; on a Mac, NAX needs this build to have
               installed it.
             kernel (str, optional): Metal: ``"auto"``, ``"qmv"``, ``"mma"``
-              or ``"nax"``; CUDA: ``"auto"``, ``"qmv"``, ``"simple"`` or
-              ``"qmv_staged"``.
+              or ``"nax"``; CUDA: ``"auto"``, ``"qmv"``, ``"simple"``,
+              ``"qmv_staged"`` or ``"dequantize"``.
               Default: ``MLX_FPQMM_KERNEL`` or ``"auto"``.
 
         Returns:
@@ -496,7 +511,10 @@ void register_metal_bindings(nb::module_& m) {
             ``split_k``, ``splits_in_cluster`` (the splits of K add up in a
             thread block cluster, sm_90 and later),
             ``partials_bytes``, ``reduction`` (the split-K sum launch, or
-            ``None``) and ``batch_count``.
+            ``None``) and ``batch_count``; for path ``"dequantize_matmul"``
+            (many rows of x: W dequantized in x's type, then MLX's matmul)
+            ``kernel`` is ``None`` and only ``device``, ``sm_count`` and
+            ``batch_count`` are added.
       )pbdoc");
 
   m.def(

@@ -205,17 +205,24 @@ std::string staged_reason(const QmmProblem& p, const Format& format) {
 }  // namespace
 
 std::string_view path_name(KernelPath path) {
-  constexpr std::array<std::string_view, 4> names = {"qmv", "qvm", "simple"};
+  constexpr std::array<std::string_view, 4> names = {
+      "qmv", "qvm", "simple", "dequantize_matmul"};
   return names[static_cast<size_t>(path)];
+}
+
+bool dequantize_then_matmul(int64_t M, KernelRequest request) {
+  return request == KernelRequest::dequantize ||
+         (request == KernelRequest::automatic && M > kSimpleRows);
 }
 
 namespace {
 
-constexpr RequestNames<KernelRequest, 4> kRequestNames = {
+constexpr RequestNames<KernelRequest, 5> kRequestNames = {
     {{"auto", KernelRequest::automatic},
      {"qmv", KernelRequest::decode},
      {"simple", KernelRequest::simple},
-     {"qmv_staged", KernelRequest::staged}}};
+     {"qmv_staged", KernelRequest::staged},
+     {"dequantize", KernelRequest::dequantize}}};
 
 }  // namespace
 
@@ -302,6 +309,7 @@ KernelPlan plan(
       plan.note = "simple requested";
       break;
     case KernelRequest::automatic:
+    case KernelRequest::dequantize:
       plan.path = !decode_rows  ? KernelPath::simple
                   : p.transpose ? KernelPath::qmv
                                 : KernelPath::qvm;
@@ -310,7 +318,12 @@ KernelPlan plan(
               ? rows + " is in the decode range (at most " +
                     std::to_string(kDecodeRows) + ")"
               : rows + " is above the decode range: the decode kernels tiled " +
-                    "over M (no prefill kernels yet)";
+                    "over M";
+      if (dequantize_then_matmul(p.M, request)) {
+        plan.note +=
+            " (the op multiplies by dequantize + matmul here; this "
+            "primitive was made elsewhere)";
+      }
       break;
   }
 

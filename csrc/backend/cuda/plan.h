@@ -32,20 +32,32 @@ std::optional<CudaDevice> device_from_name(std::string_view name);
 inline constexpr int kMinimumMajor = 8;
 
 // qmv / qvm: the decode kernels (x @ W^T / x @ W) for M up to kDecodeRows;
-// simple: the same kernels tiled over M, for M above the decode range
-// (until the prefill kernels exist).
-enum class KernelPath { qmv, qvm, simple };
-enum class KernelRequest { automatic, decode, simple, staged };
+// simple: the same kernels tiled over M, above the decode range;
+// dequantize_matmul: above kSimpleRows, no kernel of ours: the op builds
+// x @ dequantize(w) in x's type from MLX's dequantize and matmul (cuBLAS)
+// instead of the primitive.
+enum class KernelPath { qmv, qvm, simple, dequantize_matmul };
+enum class KernelRequest { automatic, decode, simple, staged, dequantize };
 
 inline constexpr int kDecodeRows =
     fpqmm::cuda::kMaxXBlocks * fpqmm::cuda::kXBlockRows;
+// The most rows of x per W matrix that the simple path takes by default: past
+// it dequantizing W once and a dense GEMM cost less (measured on the H200,
+// README: 14336 x 4096 at M = 128 simple 206 us against 254 for mxfp4, 233
+// against 220 for nvfp4; at M = 256 397 against 266).
+inline constexpr int kSimpleRows = 128;
+
+// Whether the op multiplies M rows of x per W matrix (not a gather) by
+// dequantize + matmul rather than with the primitive: above kSimpleRows
+// unless another path is requested, or on request (any M).
+bool dequantize_then_matmul(int64_t M, KernelRequest request);
 
 std::string_view path_name(KernelPath path);
 std::optional<KernelRequest> kernel_request_from_name(std::string_view name);
 std::string_view request_name(KernelRequest request);  // "auto", ...
-// MLX_FPQMM_KERNEL=auto|qmv|simple|qmv_staged (unset: auto; qmv asks for the
-// decode kernels of either orientation, qmv_staged for x @ W^T's kernel
-// that stages W in shared memory); throws on other values.
+// MLX_FPQMM_KERNEL=auto|qmv|simple|qmv_staged|dequantize (unset: auto; qmv
+// asks for the decode kernels of either orientation, qmv_staged for x @
+// W^T's kernel that stages W in shared memory); throws on other values.
 KernelRequest kernel_request_from_env();
 
 // The main kernel and its template arguments: fp_qmv<T, bits, encoding,
@@ -95,7 +107,10 @@ struct KernelPlan {
   int64_t batch_count = 1;
 };
 
-// Throws std::invalid_argument for a device the kernels do not run on.
+// The primitive's plan (never dequantize_matmul: a dequantize request or
+// an M that dequantize_then_matmul takes plans as automatic, for a primitive
+// made elsewhere, e.g. by a vjp). Throws std::invalid_argument for a device
+// the kernels do not run on.
 KernelPlan plan(
     const QmmProblem& problem, const CudaDevice& device, KernelRequest request);
 

@@ -186,6 +186,27 @@ int main() {
       h200,
       cu::KernelRequest::decode);
   check(decode.path == cu::KernelPath::qvm, "qmv requested for x @ W");
+  // Many rows: the op's dequantize + matmul, unless another path is asked
+  // for; the primitive itself (a vjp's) plans them as simple.
+  using cu::KernelRequest;
+  check(
+      !cu::dequantize_then_matmul(cu::kSimpleRows, KernelRequest::automatic) &&
+          cu::dequantize_then_matmul(
+              cu::kSimpleRows + 1, KernelRequest::automatic) &&
+          !cu::dequantize_then_matmul(4096, KernelRequest::simple) &&
+          !cu::dequantize_then_matmul(4096, KernelRequest::decode) &&
+          cu::dequantize_then_matmul(1, KernelRequest::dequantize),
+      "dequantize + matmul above the simple rows");
+  auto many = cu::plan(
+      problem(Mode::mxfp4, true, 4096, 4096, 4096),
+      h200,
+      KernelRequest::dequantize);
+  check(
+      many.path == cu::KernelPath::simple &&
+          many.note.find("made elsewhere") != std::string::npos,
+      "the primitive of many rows plans simple: " + many.note);
+  setenv("MLX_FPQMM_KERNEL", "dequantize", 1);
+  check(cu::kernel_request_from_env() == KernelRequest::dequantize, "env");
   setenv("MLX_FPQMM_KERNEL", "simple", 1);
   check(cu::kernel_request_from_env() == cu::KernelRequest::simple, "env");
   setenv("MLX_FPQMM_KERNEL", "nax", 1);
