@@ -30,22 +30,27 @@ def path(x_shape, kernel=None, w_batch=(), **kwargs):
         ((1, K), "qmv"),
         ((16, K), "qmv"),
         ((17, K), "simple"),
-        ((128, K), "simple"),
-        ((129, K), "dequantize_matmul"),
+        ((40, K), "simple"),
+        ((41, K), "dequantize_matmul"),
         ((4096, K), "dequantize_matmul"),
         # With 2-D weights every leading axis of x counts as rows.
-        ((2, 100, K), "dequantize_matmul"),
+        ((2, 30, K), "dequantize_matmul"),
     ],
 )
 def test_rows_choose_the_path(x_shape, expected):
     plan = path(x_shape)
     assert plan["path"] == expected, plan["note"]
-    assert (plan["kernel"] is None) == (expected == "dequantize_matmul")
+    if expected == "dequantize_matmul":
+        assert plan["kernel"] == "fpqmm_dequantize_e2m1_e8m0_float32"
+        # A word of 8 codes per thread over W's 4096 x 4096 codes, up to 16
+        # blocks per SM of the H100/H200's 132.
+        assert plan["grid"] == (132 * 16, 1, 1)
+        assert plan["block"] == (256, 1, 1)
 
 
 def test_batched_weights_count_rows_per_matrix():
-    assert path((2, 100, K), w_batch=(2,))["path"] == "simple"
-    assert path((2, 200, K), w_batch=(2,))["path"] == "dequantize_matmul"
+    assert path((2, 30, K), w_batch=(2,))["path"] == "simple"
+    assert path((2, 50, K), w_batch=(2,))["path"] == "dequantize_matmul"
 
 
 def test_requests_force_the_path():

@@ -15,7 +15,8 @@ namespace mlx_fpqmm {
 namespace {
 
 // On an NVIDIA GPU, where the CUDA plan multiplies many rows of x by
-// dequantize + matmul: that graph, W dequantized in x's type.
+// dequantize + matmul: that graph, W dequantized in x's type by our kernel
+// (FpDequantize), the product by MLX's matmul.
 std::optional<mx::array> dequantized_product(
     const std::vector<mx::array>& inputs,
     Mode mode,
@@ -33,19 +34,19 @@ std::optional<mx::array> dequantized_product(
   if (!cuda::dequantize_then_matmul(M, cuda::kernel_request_from_env())) {
     return std::nullopt;
   }
-  const Format& format = format_for(mode);
-  auto dense = mlx_fpqmm::dequantize(
-      w,
-      input(inputs, Input::scales),
-      std::nullopt,
-      group_size,
-      format.bits,
-      std::string(format.name),
-      has_global_scale(inputs)
-          ? std::optional(input(inputs, Input::global_scale))
-          : std::nullopt,
+  std::vector<mx::array> operands = {
+      mx::contiguous(w, false, stream),
+      mx::contiguous(input(inputs, Input::scales), false, stream)};
+  if (has_global_scale(inputs)) {
+    operands.push_back(input(inputs, Input::global_scale));
+  }
+  auto shape = w.shape();
+  shape.back() *= format_for(mode).elements_per_word();
+  auto dense = mx::array(
+      std::move(shape),
       x.dtype(),
-      stream);
+      std::make_shared<FpDequantize>(stream, mode, group_size),
+      std::move(operands));
   return mx::matmul(
       x, transpose ? mx::swapaxes(dense, -1, -2, stream) : dense, stream);
 }

@@ -233,4 +233,22 @@ std::vector<mx::array> FpGatherQuantizedMatmul::jvp(
       stream())};
 }
 
+bool FpDequantize::is_equivalent(const mx::Primitive& other) const {
+  return state() == static_cast<const FpDequantize&>(other).state();
+}
+
+void FpDequantize::eval_cpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::logic_error(
+      "[FpDequantize] runs on CUDA streams only (the ops build it for NVIDIA "
+      "GPUs).");
+}
+
+#if !defined(MLX_FPQMM_CUDA)
+void FpDequantize::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::logic_error(
+      "[FpDequantize] runs on CUDA streams only and this build has no CUDA "
+      "kernels.");
+}
+#endif
+
 }  // namespace mlx_fpqmm

@@ -216,4 +216,32 @@ class FpGatherQuantizedMatmul : public FpPrimitive {
   bool right_sorted_;
 };
 
+// FpDequantize: W dequantized in the output's type on an NVIDIA GPU, the
+// first half of the ops' dequantize + matmul for many rows of x (ops/qmm.cpp
+// builds it for CUDA streams only, as MLX's GPU-only primitives are; on
+// other devices evaluating it throws). Inputs, row-contiguous: w, scales
+// and, for nvfp4 with a global scale, global_scale (one value). Output: w's
+// shape with its rows unpacked to K codes.
+class FpDequantize : public mx::UnaryPrimitive {
+ public:
+  FpDequantize(mx::Stream stream, Mode mode, int group_size)
+      : mx::UnaryPrimitive(stream), mode_(mode), group_size_(group_size) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  const char* name() const override {
+    return "FpDequantize";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+  auto state() const {
+    return std::make_tuple(mode_, group_size_);
+  }
+
+ private:
+  Mode mode_;
+  int group_size_;
+};
+
 }  // namespace mlx_fpqmm

@@ -277,7 +277,26 @@ nb::dict cuda_plan_dict(
             : "M=" + std::to_string(problem.M) + " is above " +
                   std::to_string(cuda::kSimpleRows) +
                   " rows: W dequantized in x's type, then MLX's matmul";
-    result["kernel"] = nb::none();
+    // FpDequantize's launch over every matrix of W.
+    int64_t w_matrices = 1;
+    for (size_t axis = 0; axis < problem.batch_shape.size(); ++axis) {
+      if (problem.w_batch_strides[axis] != 0) {
+        w_matrices *= problem.batch_shape[axis];
+      }
+    }
+    const int w_rows = problem.transpose ? problem.N : problem.K;
+    const int w_columns = problem.transpose ? problem.K : problem.N;
+    auto dequantize = cuda::plan_dequantize(
+        w_matrices * w_rows,
+        w_columns,
+        format_for(problem.mode).bits,
+        scale_encoding(problem.mode, problem.scale_type),
+        problem.x_type,
+        device);
+    result["kernel"] = dequantize.launch.kernel;
+    result["grid"] = triple(dequantize.launch.grid);
+    result["block"] = triple(dequantize.launch.block);
+    result["shared_bytes"] = dequantize.launch.shared_bytes;
     result["batch_count"] = problem.batch_count();
     return result;
   }
@@ -512,9 +531,9 @@ void register_metal_bindings(nb::module_& m) {
             thread block cluster, sm_90 and later),
             ``partials_bytes``, ``reduction`` (the split-K sum launch, or
             ``None``) and ``batch_count``; for path ``"dequantize_matmul"``
-            (many rows of x: W dequantized in x's type, then MLX's matmul)
-            ``kernel`` is ``None`` and only ``device``, ``sm_count`` and
-            ``batch_count`` are added.
+            (many rows of x: W dequantized in x's type by ``kernel``, then
+            MLX's matmul) only ``device``, ``sm_count``, ``grid``,
+            ``block``, ``shared_bytes`` and ``batch_count``.
       )pbdoc");
 
   m.def(

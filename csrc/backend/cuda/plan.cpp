@@ -34,8 +34,8 @@ std::string_view encoding_name(ScaleEncoding encoding) {
 }
 
 std::string kernel_name(const KernelKey& key) {
-  constexpr std::array<std::string_view, 4> families = {
-      "qmv", "qmv_staged", "qvm", "qmv_cluster"};
+  constexpr std::array<std::string_view, 5> families = {
+      "qmv", "qmv_staged", "qvm", "qmv_cluster", "dequantize"};
   std::string name = "fpqmm_" +
                      std::string(families[static_cast<size_t>(key.family)]) +
                      "_" + std::string(codes_name(key.bits)) + "_" +
@@ -423,6 +423,33 @@ KernelPlan plan(
     plan.note += "; " + std::to_string(plan.main.shared_bytes) +
                  " bytes of shared memory (opt-in)";
   }
+  return plan;
+}
+
+DequantizePlan plan_dequantize(
+    int64_t rows,
+    int K,
+    int bits,
+    ScaleEncoding encoding,
+    FloatType out_type,
+    const CudaDevice& device) {
+  if (device.major < kMinimumMajor) {
+    throw std::invalid_argument(
+        "[cuda::plan_dequantize] the kernels need compute capability 8.0 or "
+        "later.");
+  }
+  DequantizePlan plan;
+  plan.key = KernelKey{KernelFamily::dequantize, bits, encoding, out_type, 0};
+  const int64_t words = rows * K / (32 / bits);
+  plan.launch = Launch{
+      kernel_name(plan.key),
+      {static_cast<int>(std::min<int64_t>(
+           ceil_div(words, fc::kDequantizeThreads),
+           int64_t(device.sm_count) * fc::kDequantizeBlocksPerSm)),
+       1,
+       1},
+      {fc::kDequantizeThreads, 1, 1},
+      0};
   return plan;
 }
 

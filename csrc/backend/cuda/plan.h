@@ -42,10 +42,11 @@ enum class KernelRequest { automatic, decode, simple, staged, dequantize };
 inline constexpr int kDecodeRows =
     fpqmm::cuda::kMaxXBlocks * fpqmm::cuda::kXBlockRows;
 // The most rows of x per W matrix that the simple path takes by default: past
-// it dequantizing W once and a dense GEMM cost less (measured on the H200,
-// README: 14336 x 4096 at M = 128 simple 206 us against 254 for mxfp4, 233
-// against 220 for nvfp4; at M = 256 397 against 266).
-inline constexpr int kSimpleRows = 128;
+// it dequantizing W once (FpDequantize) and a dense GEMM cost less. Measured
+// on the H200 (README), 14336 x 4096, simple / dequantize + matmul: M = 32
+// mxfp4 64.6 / 89.8 us, nvfp4 71.7 / 93.4, mxfp8 91.2 / 130.5; M = 48 98.7 /
+// 88.9, 99.5 / 100.4, 131.6 / 121.1.
+inline constexpr int kSimpleRows = 40;
 
 // Whether the op multiplies M rows of x per W matrix (not a gather) by
 // dequantize + matmul rather than with the primitive: above kSimpleRows
@@ -61,10 +62,11 @@ std::string_view request_name(KernelRequest request);  // "auto", ...
 KernelRequest kernel_request_from_env();
 
 // The main kernel and its template arguments: fp_qmv<T, bits, encoding,
-// x_blocks>, fp_qmv_staged<...>, fp_qvm<T, bits, encoding> (x_blocks 0) or
+// x_blocks>, fp_qmv_staged<...>, fp_qvm<T, bits, encoding> (x_blocks 0),
 // fp_qmv_cluster<T, bits, encoding, x_blocks> (fp_qmv with K split over a
-// thread block cluster, sm_90).
-enum class KernelFamily { qmv, qmv_staged, qvm, qmv_cluster };
+// thread block cluster, sm_90) or FpDequantize's fp_dequantize<T, bits,
+// encoding> (T the output's type, x_blocks 0).
+enum class KernelFamily { qmv, qmv_staged, qvm, qmv_cluster, dequantize };
 
 struct KernelKey {
   KernelFamily family;
@@ -113,6 +115,20 @@ struct KernelPlan {
 // the kernels do not run on.
 KernelPlan plan(
     const QmmProblem& problem, const CudaDevice& device, KernelRequest request);
+
+// FpDequantize's launch: `rows` rows of K codes (every matrix of W) into
+// `out_type`.
+struct DequantizePlan {
+  KernelKey key;
+  Launch launch;
+};
+DequantizePlan plan_dequantize(
+    int64_t rows,
+    int K,
+    int bits,
+    ScaleEncoding encoding,
+    FloatType out_type,
+    const CudaDevice& device);
 
 // The kernel argument block of a plan, without the pointers (the caller
 // fills w, scales, global_scale, x, y, partials and, for gather, the

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <initializer_list>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -215,6 +216,52 @@ void FpGatherQuantizedMatmul::eval_gpu(
           mx::gpu_ptr<float>(input(inputs, GatherInput::global_scale));
     }
   });
+}
+
+void FpDequantize::eval_gpu(
+    const std::vector<mx::array>& inputs, mx::array& out) {
+  if (out.size() == 0) {
+    out.set_data(mx::allocator::malloc(0));
+    return;
+  }
+  const auto& w = inputs[0];
+  const auto& scales = inputs[1];
+  if (!w.flags().row_contiguous || !scales.flags().row_contiguous) {
+    throw std::logic_error("[FpDequantize] w and scales must be contiguous.");
+  }
+  const int K = out.shape(-1);
+  const int64_t rows = out.size() / K;
+  if (rows > std::numeric_limits<int>::max()) {
+    throw std::invalid_argument(
+        "[FpDequantize] " + std::to_string(rows) +
+        " rows of W; the kernel takes at most 2^31 - 1.");
+  }
+  auto& encoder = mx::cu::get_command_encoder(stream());
+  out.set_data(cuda::device_malloc(out.nbytes(), encoder));
+  auto plan = cuda::plan_dequantize(
+      rows,
+      K,
+      format_for(mode_).bits,
+      scale_encoding(mode_, scales),
+      float_type(out.dtype()),
+      device_of(encoder.device()));
+  fc::QmmArgs args{};
+  args.w = mx::gpu_ptr<uint32_t>(w);
+  args.scales = mx::gpu_ptr<void>(scales);
+  if (inputs.size() > 2) {
+    args.global_scale = mx::gpu_ptr<float>(inputs[2]);
+  }
+  args.y = mx::gpu_ptr<void>(out);
+  args.N = static_cast<int>(rows);
+  args.K = K;
+  args.group_size = group_size_;
+  args.batch_count = 1;
+  args.split_k = 1;
+  for (const auto& a : inputs) {
+    encoder.set_input_array(a);
+  }
+  encoder.set_output_array(out);
+  add_launch(encoder, plan.launch, fc::main_kernel(plan.key), args);
 }
 
 }  // namespace mlx_fpqmm

@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "backend/cuda/kernels/fp_dequantize.cuh"
 #include "backend/cuda/kernels/fp_qmv.cuh"
 #include "backend/cuda/kernels/fp_qmv_staged.cuh"
 #include "backend/cuda/kernels/fp_qvm.cuh"
@@ -32,9 +33,9 @@ void with_encoding(ScaleEncoding encoding, F&& f) {
   }
 }
 
-// fp_qmv, fp_qmv_cluster, fp_qmv_staged or fp_qvm for `key` (of x type T and
-// `bits`-wide codes); null for E4M3 scales with E4M3 codes, which no format
-// has.
+// fp_qmv, fp_qmv_cluster, fp_qmv_staged, fp_qvm or fp_dequantize for `key`
+// (of x type T and `bits`-wide codes); null for E4M3 scales with E4M3
+// codes, which no format has.
 template <typename T, int bits>
 const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
   const void* kernel = nullptr;
@@ -58,6 +59,10 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
                   ? reinterpret_cast<const void*>(&fp_qmv<T, bits, encoding, 1>)
                   : reinterpret_cast<const void*>(
                         &fp_qmv<T, bits, encoding, kMaxXBlocks>);
+          break;
+        case KernelFamily::dequantize:
+          kernel =
+              reinterpret_cast<const void*>(&fp_dequantize<T, bits, encoding>);
           break;
         case KernelFamily::qmv_cluster:
           kernel = key.x_blocks == 1

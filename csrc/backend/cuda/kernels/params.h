@@ -95,6 +95,12 @@ inline constexpr int kQvmSharedBytes =
 // M * N; fp_split_k_sum adds them, kSplitKSumThreads threads per block.
 inline constexpr int kSplitKSumThreads = 256;
 
+// fp_dequantize: a 32-bit word of codes per thread, kDequantizeThreads
+// threads per block, up to kDequantizeBlocksPerSm blocks per SM (the grid
+// loops past that).
+inline constexpr int kDequantizeThreads = 256;
+inline constexpr int kDequantizeBlocksPerSm = 16;
+
 // Every kernel's one parameter. Pointers are device pointers; element
 // strides per batch axis (w in uint32 words, scales in scale elements).
 // Gather: pair z multiplies x matrix lhs_indices[z] with W matrix

@@ -12,6 +12,7 @@ namespace {
 using mlx_fpqmm::FloatType;
 using mlx_fpqmm::Mode;
 using mlx_fpqmm::QmmProblem;
+using mlx_fpqmm::ScaleEncoding;
 namespace cu = mlx_fpqmm::cuda;
 
 int failures = 0;
@@ -205,6 +206,16 @@ int main() {
       many.path == cu::KernelPath::simple &&
           many.note.find("made elsewhere") != std::string::npos,
       "the primitive of many rows plans simple: " + many.note);
+  auto dequantize = cu::plan_dequantize(
+      14336, 4096, 4, ScaleEncoding::e4m3, FloatType::float16, h200);
+  check(
+      dequantize.launch.kernel == "fpqmm_dequantize_e2m1_e4m3_float16" &&
+          dequantize.launch.grid[0] == 132 * 16 &&
+          dequantize.launch.block[0] == 256,
+      dequantize.launch.kernel);
+  auto small_w = cu::plan_dequantize(
+      64, 64, 8, ScaleEncoding::e8m0, FloatType::bfloat16, h200);
+  check(small_w.launch.grid[0] == 4, "one word a thread: 1024 words");
   setenv("MLX_FPQMM_KERNEL", "dequantize", 1);
   check(cu::kernel_request_from_env() == KernelRequest::dequantize, "env");
   setenv("MLX_FPQMM_KERNEL", "simple", 1);
