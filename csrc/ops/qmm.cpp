@@ -40,13 +40,11 @@ std::optional<mx::array> dequantized_product(
   if (has_global_scale(inputs)) {
     operands.push_back(input(inputs, Input::global_scale));
   }
-  auto shape = w.shape();
-  shape.back() *= format_for(mode).elements_per_word();
+  auto primitive =
+      std::make_shared<FpDequantize>(stream, mode, group_size, x.dtype());
+  auto shape = primitive->output_shapes(operands)[0];
   auto dense = mx::array(
-      std::move(shape),
-      x.dtype(),
-      std::make_shared<FpDequantize>(stream, mode, group_size),
-      std::move(operands));
+      std::move(shape), x.dtype(), std::move(primitive), std::move(operands));
   return mx::matmul(
       x, transpose ? mx::swapaxes(dense, -1, -2, stream) : dense, stream);
 }

@@ -237,6 +237,13 @@ bool FpDequantize::is_equivalent(const mx::Primitive& other) const {
   return state() == static_cast<const FpDequantize&>(other).state();
 }
 
+std::vector<mx::Shape> FpDequantize::output_shapes(
+    const std::vector<mx::array>& inputs) {
+  auto shape = inputs[0].shape();
+  shape.back() *= format_for(mode_).elements_per_word();
+  return {shape};
+}
+
 void FpDequantize::eval_cpu(const std::vector<mx::array>&, mx::array&) {
   throw std::logic_error(
       "[FpDequantize] runs on CUDA streams only (the ops build it for NVIDIA "

@@ -216,16 +216,20 @@ class FpGatherQuantizedMatmul : public FpPrimitive {
   bool right_sorted_;
 };
 
-// FpDequantize: W dequantized in the output's type on an NVIDIA GPU, the
-// first half of the ops' dequantize + matmul for many rows of x (ops/qmm.cpp
-// builds it for CUDA streams only, as MLX's GPU-only primitives are; on
-// other devices evaluating it throws). Inputs, row-contiguous: w, scales
-// and, for nvfp4 with a global scale, global_scale (one value). Output: w's
-// shape with its rows unpacked to K codes.
+// FpDequantize: W dequantized in `dtype` on an NVIDIA GPU, the first half
+// of the ops' dequantize + matmul for many rows of x (ops/qmm.cpp builds it
+// for CUDA streams only, as MLX's GPU-only primitives are; on other devices
+// evaluating it throws). Inputs, row-contiguous: w, scales and, for nvfp4
+// with a global scale, global_scale (one value). Output: w's shape with its
+// rows unpacked to K codes. The dtype is part of the state: MLX's compile
+// merges nodes of equivalent primitives on the same inputs.
 class FpDequantize : public mx::UnaryPrimitive {
  public:
-  FpDequantize(mx::Stream stream, Mode mode, int group_size)
-      : mx::UnaryPrimitive(stream), mode_(mode), group_size_(group_size) {}
+  FpDequantize(mx::Stream stream, Mode mode, int group_size, mx::Dtype dtype)
+      : mx::UnaryPrimitive(stream),
+        mode_(mode),
+        group_size_(group_size),
+        dtype_(dtype) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -234,14 +238,17 @@ class FpDequantize : public mx::UnaryPrimitive {
     return "FpDequantize";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(
+      const std::vector<mx::array>& inputs) override;
 
   auto state() const {
-    return std::make_tuple(mode_, group_size_);
+    return std::make_tuple(mode_, group_size_, dtype_);
   }
 
  private:
   Mode mode_;
   int group_size_;
+  mx::Dtype dtype_;
 };
 
 }  // namespace mlx_fpqmm
