@@ -1,7 +1,7 @@
 """Decoding speed of a Llama-3-8B-shaped model with random weights: bfloat16,
 MLX's own quantized model and the same model on mlx_fpqmm's layers, one run.
 
-    python examples/decode_speed.py [--modes mxfp4,mxfp8,nvfp4] [--tokens 128]
+    python examples/decode_speed.py [--modes mxfp4,mxfp8,nvfp4] [--tokens 128] [--prefill 2048]
 
 For each mode the bfloat16 model (the same seed every time, so the same
 weights) is quantized by ``mlx.nn.quantize`` (MLX's kernels) and then converted
@@ -13,6 +13,8 @@ Random weights leave near-ties among 128K logits, so the check is on MLX's own
 sequence, one forward pass of each model: the positions where the greedy tokens
 differ and, of those, the ones MLX's logits separate by more than two bfloat16
 ulps (a real disagreement, not a tie).
+With ``--prefill N`` each model's line also gives prefill tokens per second: one
+forward pass over an N-token prompt (the best of three).
 Meant for a GPU; on a CPU use ``--layers 2`` to try it.
 """
 
@@ -58,6 +60,21 @@ def decode(model: nn.Module, prompt: mx.array, tokens: int) -> tuple[list[int], 
     return out, (len(out) - 1) / (time.perf_counter() - start)
 
 
+def prefill_rate(model: nn.Module, length: int) -> str:
+    """Prompt tokens per second of one forward pass over ``length`` tokens (best of 3),
+    as text for the model's line; empty without a length."""
+    if length == 0:
+        return ""
+    prompt = mx.random.randint(0, LLAMA_3_8B["vocab_size"], (1, length), key=mx.random.key(2))
+    mx.eval(model(prompt))  # warm-up
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        mx.eval(model(prompt))
+        best = min(best, time.perf_counter() - start)
+    return f"  prefill {length / best:8.0f} tokens/s"
+
+
 def logits(model: nn.Module, tokens: list[int]) -> mx.array:
     """The float32 logits of every position of ``tokens`` (one forward pass)."""
     return model(mx.array(tokens)[None])[0].astype(mx.float32)
@@ -84,6 +101,9 @@ def main() -> None:
     parser.add_argument("--modes", default="mxfp4,mxfp8,nvfp4")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--layers", type=int, default=LLAMA_3_8B["num_hidden_layers"])
+    parser.add_argument(
+        "--prefill", type=int, default=0, help="prompt length for prefill tokens/s (0: none)"
+    )
     args = parser.parse_args()
     prompt = mx.random.randint(0, LLAMA_3_8B["vocab_size"], (16,), key=mx.random.key(1))
     print(
@@ -94,7 +114,10 @@ def main() -> None:
     model = random_model(args.layers)
     decode(model, prompt, 8)  # warm-up
     _, rate = decode(model, prompt, args.tokens)
-    print(f"{'bfloat16':>8} {'':>10} {weight_bytes(model) / 1e9:6.2f} GB {rate:8.1f} tokens/s")
+    print(
+        f"{'bfloat16':>8} {'':>10} {weight_bytes(model) / 1e9:6.2f} GB {rate:8.1f} tokens/s"
+        f"{prefill_rate(model, args.prefill)}"
+    )
     del model
     for mode in args.modes.split(","):
         model = random_model(args.layers)
@@ -103,7 +126,10 @@ def main() -> None:
         size = weight_bytes(model) / 1e9
         decode(model, prompt, 8)
         theirs, rate = decode(model, prompt, args.tokens)
-        print(f"{mode:>8} {'MLX':>10} {size:6.2f} GB {rate:8.1f} tokens/s")
+        print(
+            f"{mode:>8} {'MLX':>10} {size:6.2f} GB {rate:8.1f} tokens/s"
+            f"{prefill_rate(model, args.prefill)}"
+        )
         sequence = [*prompt.tolist(), *theirs]
         reference = logits(model, sequence)
         report = mlx_fpqmm.convert(model)
@@ -114,7 +140,8 @@ def main() -> None:
             i for i, (a, b) in enumerate(zip([*ours, None], [*theirs, -1], strict=True)) if a != b
         )
         print(
-            f"{mode:>8} {'mlx_fpqmm':>10} {size:6.2f} GB {rate:8.1f} tokens/s  "
+            f"{mode:>8} {'mlx_fpqmm':>10} {size:6.2f} GB {rate:8.1f} tokens/s"
+            f"{prefill_rate(model, args.prefill)}  "
             f"({prefix}/{len(ours)} leading tokens equal MLX's; on MLX's sequence the greedy "
             f"token differs at {differ}/{len(sequence)} positions, {beyond_tie} beyond a "
             f"bfloat16 tie; {report})"
