@@ -98,9 +98,10 @@ def test_matches_reference(mode, dtype, transpose, M):
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("shape", [(4096, 4096), (64, 14336), (14336, 512)], ids=str)
-@pytest.mark.parametrize("M", [1, 8])
+@pytest.mark.parametrize("M", [1, 8, 64])
 def test_model_shapes(mode, shape, M):
-    """The decode kernels' real sizes, split K among them (few rows, long K)."""
+    """The decode kernels' real sizes, split K among them (few rows, long K); at
+    64 rows dequantize + matmul, whose grid loops over 4096 x 4096's 2M words."""
     N, K = shape
     w_q, scales = quantized(mode, N, K)
     x = mx.random.normal((M, K)).astype(mx.bfloat16)

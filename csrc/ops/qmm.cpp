@@ -16,15 +16,18 @@ namespace {
 
 // On an NVIDIA GPU, where the CUDA plan multiplies many rows of x by
 // dequantize + matmul: that graph, W dequantized in x's type by our kernel
-// (FpDequantize), the product by MLX's matmul.
+// (FpDequantize), the product by MLX's matmul (which broadcasts batches:
+// w is best passed before any broadcast, so that each matrix is
+// dequantized once).
 std::optional<mx::array> dequantized_product(
-    const std::vector<mx::array>& inputs,
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& global_scale,
     Mode mode,
     int group_size,
     bool transpose,
     mx::Stream stream) {
-  const auto& x = input(inputs, Input::x);
-  const auto& w = input(inputs, Input::w);
   if (stream.device != mx::Device::gpu || x.size() == 0 || w.size() == 0 ||
       !cuda::running_device()) {
     return std::nullopt;
@@ -35,10 +38,10 @@ std::optional<mx::array> dequantized_product(
     return std::nullopt;
   }
   std::vector<mx::array> operands = {
-      mx::contiguous(w, false, stream),
-      mx::contiguous(input(inputs, Input::scales), false, stream)};
-  if (has_global_scale(inputs)) {
-    operands.push_back(input(inputs, Input::global_scale));
+      readable_in_place_copy(w, stream),
+      readable_in_place_copy(scales, stream)};
+  if (global_scale) {
+    operands.push_back(*global_scale);
   }
   auto primitive =
       std::make_shared<FpDequantize>(stream, mode, group_size, x.dtype());
@@ -57,8 +60,17 @@ mx::array make_fp_qmm(
     int group_size,
     bool transpose,
     mx::Stream stream) {
-  if (auto product =
-          dequantized_product(inputs, mode, group_size, transpose, stream)) {
+  if (auto product = dequantized_product(
+          input(inputs, Input::x),
+          input(inputs, Input::w),
+          input(inputs, Input::scales),
+          has_global_scale(inputs)
+              ? std::optional(input(inputs, Input::global_scale))
+              : std::nullopt,
+          mode,
+          group_size,
+          transpose,
+          stream)) {
     return *product;
   }
   auto primitive =
@@ -97,8 +109,8 @@ mx::array fp_qmm_checked(
   x = readable_in_place_copy(x, stream);
   w = readable_in_place_copy(w, stream);
   scales = readable_in_place_copy(scales, stream);
+  mx::Shape batch;
   if (w.ndim() > 2) {
-    mx::Shape batch;
     try {
       batch = mx::broadcast_shapes(batch_shape(x), batch_shape(w));
     } catch (const std::invalid_argument&) {
@@ -108,17 +120,31 @@ mx::array fp_qmm_checked(
               " and w " + shape_string(batch_shape(w)) +
               " cannot be broadcast.");
     }
-    x = mx::broadcast_to(x, with_batch(batch, x), stream);
-    w = mx::broadcast_to(w, with_batch(batch, w), stream);
-    scales = mx::broadcast_to(scales, with_batch(batch, scales), stream);
   }
-  auto out = make_fp_qmm(
-      make_inputs(x, w, scales, global_scale),
+  // Before the broadcast: each matrix of W dequantized once.
+  auto out = dequantized_product(
+      x,
+      w,
+      scales,
+      global_scale,
       format.mode,
       resolved_group_size,
       transpose,
       stream);
-  return vector_input ? mx::squeeze(out, -2, stream) : out;
+  if (!out) {
+    if (w.ndim() > 2) {
+      x = mx::broadcast_to(x, with_batch(batch, x), stream);
+      w = mx::broadcast_to(w, with_batch(batch, w), stream);
+      scales = mx::broadcast_to(scales, with_batch(batch, scales), stream);
+    }
+    out = make_fp_qmm(
+        make_inputs(x, w, scales, global_scale),
+        format.mode,
+        resolved_group_size,
+        transpose,
+        stream);
+  }
+  return vector_input ? mx::squeeze(*out, -2, stream) : *out;
 }
 
 mx::array fp_qmm_unchecked(

@@ -267,7 +267,11 @@ nb::dict cuda_plan_dict(
   result["device"] =
       "sm_" + std::to_string(device.major) + std::to_string(device.minor);
   result["sm_count"] = device.sm_count;
-  if (!problem.gather && cuda::dequantize_then_matmul(problem.M, request)) {
+  // As the op decides (ops/qmm.cpp: not for empty arrays).
+  const bool empty = problem.M == 0 || problem.N == 0 || problem.K == 0 ||
+                     problem.batch_count() == 0;
+  if (!problem.gather && !empty &&
+      cuda::dequantize_then_matmul(problem.M, request)) {
     result["path"] =
         std::string(cuda::path_name(cuda::KernelPath::dequantize_matmul));
     result["requested"] = std::string(cuda::request_name(request));
@@ -532,8 +536,10 @@ void register_metal_bindings(nb::module_& m) {
             ``partials_bytes``, ``reduction`` (the split-K sum launch, or
             ``None``) and ``batch_count``; for path ``"dequantize_matmul"``
             (many rows of x: W dequantized in x's type by ``kernel``, then
-            MLX's matmul) only ``device``, ``sm_count``, ``grid``,
-            ``block``, ``shared_bytes`` and ``batch_count``.
+            MLX's matmul) ``path``, ``requested``, ``note``, ``kernel``,
+            ``output_shape``, and of the CUDA keys only ``device``,
+            ``sm_count``, ``grid``, ``block``, ``shared_bytes`` and
+            ``batch_count``.
       )pbdoc");
 
   m.def(

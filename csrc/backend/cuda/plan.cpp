@@ -319,7 +319,7 @@ KernelPlan plan(
                     std::to_string(kDecodeRows) + ")"
               : rows + " is above the decode range: the decode kernels tiled " +
                     "over M";
-      if (dequantize_then_matmul(p.M, request)) {
+      if (!p.gather && dequantize_then_matmul(p.M, request)) {
         plan.note +=
             " (the op multiplies by dequantize + matmul here; this "
             "primitive was made elsewhere)";

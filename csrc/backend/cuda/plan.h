@@ -33,9 +33,9 @@ inline constexpr int kMinimumMajor = 8;
 
 // qmv / qvm: the decode kernels (x @ W^T / x @ W) for M up to kDecodeRows;
 // simple: the same kernels tiled over M, above the decode range;
-// dequantize_matmul: above kSimpleRows, no kernel of ours: the op builds
-// x @ dequantize(w) in x's type from MLX's dequantize and matmul (cuBLAS)
-// instead of the primitive.
+// dequantize_matmul: above kSimpleRows the op builds x @ dequantize(w)
+// instead of the primitive: W in x's type by our FpDequantize, the product
+// by MLX's matmul (cuBLAS).
 enum class KernelPath { qmv, qvm, simple, dequantize_matmul };
 enum class KernelRequest { automatic, decode, simple, staged, dequantize };
 
