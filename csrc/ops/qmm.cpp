@@ -28,13 +28,14 @@ std::optional<mx::array> dequantized_product(
     int group_size,
     bool transpose,
     mx::Stream stream) {
-  if (stream.device != mx::Device::gpu || x.size() == 0 || w.size() == 0 ||
-      !cuda::running_device()) {
+  if (stream.device != mx::Device::gpu || x.size() == 0 || w.size() == 0) {
     return std::nullopt;
   }
-  // The plan's M: with 2-D weights every leading axis of x is folded in.
+  // The plan's M: with 2-D weights every leading axis of x is folded in. The
+  // cheap row test first: this runs on every call of a decoding model.
   const int64_t M = w.ndim() == 2 ? x.size() / x.shape(-1) : x.shape(-2);
-  if (!cuda::dequantize_then_matmul(M, cuda::kernel_request_from_env())) {
+  if (!cuda::dequantize_then_matmul(M, cuda::kernel_request_from_env()) ||
+      !cuda::running_device()) {
     return std::nullopt;
   }
   std::vector<mx::array> operands = {
@@ -52,27 +53,13 @@ std::optional<mx::array> dequantized_product(
       x, transpose ? mx::swapaxes(dense, -1, -2, stream) : dense, stream);
 }
 
-// The product on inputs readable in place, in the primitive's order: the
-// primitive, or the CUDA plan's dequantize + matmul.
+// The primitive on inputs readable in place, in the primitive's order.
 mx::array make_fp_qmm(
     std::vector<mx::array> inputs,
     Mode mode,
     int group_size,
     bool transpose,
     mx::Stream stream) {
-  if (auto product = dequantized_product(
-          input(inputs, Input::x),
-          input(inputs, Input::w),
-          input(inputs, Input::scales),
-          has_global_scale(inputs)
-              ? std::optional(input(inputs, Input::global_scale))
-              : std::nullopt,
-          mode,
-          group_size,
-          transpose,
-          stream)) {
-    return *product;
-  }
   auto primitive =
       std::make_shared<FpQuantizedMatmul>(stream, mode, group_size, transpose);
   auto shape = primitive->output_shapes(inputs)[0];
@@ -158,6 +145,10 @@ mx::array fp_qmm_unchecked(
     mx::Stream stream) {
   // w and scales are the primitive's own inputs, readable in place (the op
   // made them so); x is a cotangent or tangent, e.g. a broadcast.
+  if (auto product = dequantized_product(
+          x, w, scales, global_scale, mode, group_size, transpose, stream)) {
+    return *product;
+  }
   return make_fp_qmm(
       make_inputs(readable_in_place_copy(x, stream), w, scales, global_scale),
       mode,
