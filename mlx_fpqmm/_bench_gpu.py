@@ -168,6 +168,7 @@ class MoeRow:
     routed_bytes: float  # the distinct routed experts' weight bytes, on average
     ours: Timing
     mlx: Timing | None
+    mlx_error: str | None = None  # MLX's kernels refused the call
 
     def rate(self) -> float:
         return self.routed_bytes / self.ours.median
@@ -223,12 +224,15 @@ def bench_moe(tokens: int, mode: str, dtype_name: str, args: argparse.Namespace)
         ours = time_graph(
             gather_products(mlx_fpqmm.gather_qmm, xs, cases, mode, is_sorted), args.reps
         )
-        mlx = (
-            time_graph(gather_products(mx.gather_qmm, xs, cases, mode, is_sorted), args.reps)
-            if mode in MLX_MODES and args.vs_mlx
-            else None
-        )
-        rows.append(MoeRow(tokens, layout, mode, dtype_name, routed, ours, mlx))
+        mlx, mlx_error = None, None
+        if mode in MLX_MODES and args.vs_mlx:
+            try:
+                mlx = time_graph(
+                    gather_products(mx.gather_qmm, xs, cases, mode, is_sorted), args.reps
+                )
+            except (RuntimeError, ValueError) as error:  # e.g. MLX's grid limit on pairs
+                mlx_error = str(error)
+        rows.append(MoeRow(tokens, layout, mode, dtype_name, routed, ours, mlx, mlx_error))
     return rows
 
 
@@ -252,10 +256,11 @@ def moe_main(args: argparse.Namespace, bandwidth: float, out) -> list[MoeRow]:
                     rows.append(row)
                     rate = row.rate()
                     vs = f"{row.mlx.median / row.ours.median:.1f}" if row.mlx else "-"
+                    theirs = row.mlx.us() if row.mlx else "fails" if row.mlx_error else "-"
                     print(
                         f"{tokens:>6} {row.layout:>8} {mode:>6} {dtype:>9} | "
                         f"{row.ours.us():>8} {rate / 1e12:>5.2f} {rate / bandwidth:>6.0%} | "
-                        f"{row.mlx.us() if row.mlx else '-':>16} {vs:>5}",
+                        f"{theirs:>16} {vs:>5}",
                         file=out,
                         flush=True,
                     )
@@ -263,6 +268,8 @@ def moe_main(args: argparse.Namespace, bandwidth: float, out) -> list[MoeRow]:
         "TB/s: the routed experts' weight bytes (distinct experts per product) per second",
         file=out,
     )
+    for error in sorted({row.mlx_error for row in rows if row.mlx_error}):
+        print(f"fails: mx.gather_qmm raised: {error}", file=out)
     return rows
 
 

@@ -8,14 +8,19 @@ machine. The kernel sources ship inside the mlx_fpqmm package
 ``csrc/``. Each call is planned by the same C++ code as the GPU evaluation
 (``kernel_path``), then dispatched with that plan's kernel, grid, threadgroup
 memory, function constants and buffers.
+
+``dequantize_on_cpu()`` builds on the CPU the graphs that the CUDA plan builds
+instead of the product primitive, to test them without a GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import platform
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,20 @@ import numpy as np
 from . import _ext
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@contextlib.contextmanager
+def dequantize_on_cpu() -> Iterator[None]:
+    """Within the block, the ops on CPU streams (of this thread) build the graph that
+    the CUDA plan builds for many rows of x: ``FpDequantize`` (here its CPU kernel),
+    then MLX's ``matmul``, or for ``gather_qmm`` without ``lhs_indices`` MLX's
+    ``gather_mm``, whatever the number of rows. Slower than the CPU path: it lets
+    the tests check that graph without a GPU."""
+    _ext._set_dequantize_on_cpu(True)
+    try:
+        yield
+    finally:
+        _ext._set_dequantize_on_cpu(False)
 
 
 def find_kernel_root(package_dir: Path = PACKAGE_DIR) -> Path:

@@ -1,6 +1,7 @@
 """The CUDA plan as kernel_path shows it for a named compute capability: no GPU
 needed. Which rows take the decode kernels, the simple path and dequantize +
-matmul, and what forcing a path does."""
+matmul (or, for a gather, dequantize + gather_mm), and what forcing a path
+does."""
 
 import sys
 
@@ -61,12 +62,56 @@ def test_requests_force_the_path():
         path((1, K), kernel="nax")
 
 
-def test_gather_never_dequantizes():
-    w = mx.zeros((8, N, K // 8), mx.uint32)
-    scales = mx.zeros((8, N, K // 32), mx.uint8)
-    x = mx.zeros((512, 1, K))
-    indices = mx.zeros((512,), mx.uint32)
-    plan = mlx_fpqmm.kernel_path(
-        x, w, scales, mode="mxfp4", rhs_indices=indices, sorted_indices=True, device="sm_90"
+def gather_path(
+    pairs, experts=32, M=1, sorted_indices=True, kernel=None, lhs=False, NK=(2880, 2880)
+):
+    """A gather over `experts` (N, K) mxfp4 experts: x (pairs, M, K), indices (pairs,)."""
+    n, k = NK
+    w = mx.zeros((experts, n, k // 8), mx.uint32)
+    scales = mx.zeros((experts, n, k // 32), mx.uint8)
+    extra = {"lhs_indices": mx.arange(pairs)} if lhs else {}
+    return mlx_fpqmm.kernel_path(
+        mx.zeros((pairs, M, k)),
+        w,
+        scales,
+        mode="mxfp4",
+        rhs_indices=mx.zeros((pairs,), mx.uint32),
+        sorted_indices=sorted_indices,
+        device="sm_90",
+        kernel=kernel,
+        **extra,
     )
-    assert plan["path"] != "dequantize_matmul"
+
+
+@pytest.mark.parametrize("pairs, expected", [(255, "qmv"), (256, "dequantize_matmul")])
+@pytest.mark.parametrize("sorted_indices", [True, False], ids=["sorted", "unsorted"])
+def test_gather_dequantizes_from_8_rows_an_expert(pairs, expected, sorted_indices):
+    plan = gather_path(pairs, sorted_indices=sorted_indices)
+    assert plan["path"] == expected, plan["note"]
+    if expected == "dequantize_matmul":
+        assert "gather_mm" in plan["note"]
+        assert ("sorted first" in plan["note"]) == (not sorted_indices)
+        assert plan["kernel"] == "fpqmm_dequantize_e2m1_e8m0_float32"
+        assert plan["grid"] == (132 * 16, 1, 1)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(M=2),  # the grouped GEMM takes one row per pair
+        dict(lhs=True),  # the op keeps the primitive with lhs_indices
+        dict(experts=1025, pairs=8192),  # past MLX's grouped GEMM's 1024 groups
+        # Every expert dequantized would be 256 * 7168 * 2048 * 4 bytes: past 4 GiB.
+        dict(experts=256, pairs=4096, NK=(7168, 2048)),
+    ],
+    ids=["rows", "lhs", "experts", "bytes"],
+)
+def test_gather_keeps_the_kernels(case):
+    case = {"pairs": 1024, **case}
+    assert gather_path(**case)["path"] != "dequantize_matmul"
+
+
+def test_gather_dequantize_request():
+    assert gather_path(8, M=3, kernel="dequantize")["path"] == "dequantize_matmul"
+    assert gather_path(8, lhs=True, kernel="dequantize")["path"] != "dequantize_matmul"
+    assert gather_path(4096, kernel="simple")["path"] != "dequantize_matmul"

@@ -2,7 +2,9 @@
 of mx.dequantize and against our CPU path: every mode, dtype and orientation,
 odd shapes, batches and broadcasts, nvfp4's global scale, the gather product
 with random, sorted and out-of-range indices, empty shapes, large weights, bad
-input and memory over many calls. Skipped where MLX sees no CUDA GPU."""
+input and memory over many calls; for many rows the dequantize + matmul and
+dequantize + gather_mm graphs, and each path forced. Skipped where MLX sees no
+CUDA GPU."""
 
 import ast
 import os
@@ -54,14 +56,30 @@ SIMPLE_ROWS = 40
 TF32_TOLERANCE = 2e-3
 
 
-def tolerance(x, w_q):
-    rows = x.size // x.shape[-1] if w_q.ndim == 2 else x.shape[-2]
+# A sorted gather in mlx-lm's layout takes dequantize + gather_mm from this many
+# rows an expert.
+GATHER_ROWS_PER_EXPERT = 8
+
+
+def bound(dtype, planned_dequantize):
+    """The error bound of a product of x in `dtype`, given whether the plan (when
+    MLX_FPQMM_KERNEL does not force a path) takes dequantize + matmul."""
     tf32 = os.environ.get("MLX_ENABLE_TF32", "1") != "0"
     kernel = os.environ.get("MLX_FPQMM_KERNEL", "auto")
-    dequantized = kernel == "dequantize" or (kernel == "auto" and rows > SIMPLE_ROWS)
-    if x.dtype == mx.float32 and tf32 and dequantized:
+    dequantized = kernel == "dequantize" or (kernel == "auto" and planned_dequantize)
+    if dtype == mx.float32 and tf32 and dequantized:
         return TF32_TOLERANCE
-    return TOLERANCE[x.dtype]
+    return TOLERANCE[dtype]
+
+
+def tolerance(x, w_q):
+    rows = x.size // x.shape[-1] if w_q.ndim == 2 else x.shape[-2]
+    return bound(x.dtype, rows > SIMPLE_ROWS)
+
+
+def sorted_gather_tolerance(x, experts):
+    """For mlx-lm's sorted layout, x (pairs, 1, K)."""
+    return bound(x.dtype, x.shape[0] >= GATHER_ROWS_PER_EXPERT * experts)
 
 
 def check(mode, x, w_q, scales, transpose=True, global_scale=None):
@@ -208,20 +226,108 @@ def test_gather_sorted_mlx_lm_layout(pairs):
     assert relative_error(y, reference) < TOLERANCE[mx.bfloat16]
 
 
-def test_gather_nvfp4_expert_scales():
-    E, N, K = 4, 64, 128
-    w_q, scales, global_scale = quantized_experts("nvfp4", E, N, K, global_scale=True)
-    x = mx.random.normal((6, 1, K))
-    rhs = mx.array([0, 3, 1, 1, 2, 0], dtype=mx.uint32)
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
+@pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
+@pytest.mark.parametrize("kernel", ["auto", "simple", "dequantize"])
+def test_gather_sorted_many_rows_each_path(mode, dtype, transpose, kernel, monkeypatch):
+    """256 sorted pairs over 8 experts (dequantize + gather_mm by default), the
+    last two past the experts: NaN rows, the others against the reference."""
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", kernel)
+    E, free, quantized = 8, 96, 4 * DEFAULT_GROUP_SIZE[mode]
+    N, K = (free, quantized) if transpose else (quantized, free)
+    w_q, scales, _ = quantized_experts(mode, E, *((N, K) if transpose else (K, N)))
+    rng = np.random.default_rng(7)
+    rhs = np.concatenate([np.sort(rng.integers(0, E, 254)), [E, E + 5]]).astype(np.uint32)
+    x = mx.random.normal((rhs.size, 1, K)).astype(dtype)
     y = mlx_fpqmm.gather_qmm(
-        x, w_q, scales, rhs_indices=rhs, mode="nvfp4", global_scale=global_scale, stream=GPU
+        x,
+        w_q,
+        scales,
+        rhs_indices=mx.array(rhs),
+        transpose=transpose,
+        mode=mode,
+        sorted_indices=True,
+        stream=GPU,
     )
-    lhs = mx.arange(6, dtype=mx.uint32)
+    y = np.array(y.astype(mx.float32))
+    assert np.isnan(y[-2:]).all() and not np.isnan(y[:-2]).any()
+    lhs = mx.arange(254, dtype=mx.uint32)
+    reference = gather_reference(x[:-2], w_q, scales, lhs, rhs[:-2], mode, transpose)
+    assert relative_error(mx.array(y[:-2]), reference) < sorted_gather_tolerance(x, E)
+
+
+@pytest.mark.parametrize("pairs", [6, 64])
+def test_gather_nvfp4_expert_scales(pairs):
+    """Each expert's own tensor scale (1 to 40 times apart), in the kernels and (64
+    sorted pairs over 4 experts) in the dequantized experts."""
+    E, N, K = 4, 64, 128
+    w = mx.random.normal((E, N, K)) * mx.array([1.0, 5.0, 13.0, 40.0]).reshape(E, 1, 1)
+    global_scale = mx.max(mx.abs(w), axis=(1, 2)).astype(mx.float32)
+    parts = [mlx_fpqmm.quantize(w[e], mode="nvfp4", global_scale=global_scale[e]) for e in range(E)]
+    w_q, scales = mx.stack([p[0] for p in parts]), mx.stack([p[1] for p in parts])
+    x = mx.random.normal((pairs, 1, K))
+    rhs = mx.array(np.sort(np.random.default_rng(pairs).integers(0, E, pairs)).astype(np.uint32))
+    y = mlx_fpqmm.gather_qmm(
+        x,
+        w_q,
+        scales,
+        rhs_indices=rhs,
+        mode="nvfp4",
+        global_scale=global_scale,
+        sorted_indices=True,
+        stream=GPU,
+    )
+    lhs = mx.arange(pairs, dtype=mx.uint32)
     reference = gather_reference(x, w_q, scales, lhs, rhs, "nvfp4", global_scale=global_scale)
-    assert relative_error(y, reference) < TOLERANCE[mx.float32]
+    assert relative_error(y, reference) < sorted_gather_tolerance(x, E)
 
 
-def test_gather_out_of_range_indices_give_nan_rows():
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
+def test_gather_unsorted_routes_dequantize_request(dtype, monkeypatch):
+    """Forced, dequantize + gather_mm takes any layout: (tokens, 1, 1, K) over
+    (tokens, top_k) routes, some out of range."""
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", "dequantize")
+    E, N, K, tokens = 6, 80, 256, 33
+    w_q, scales, _ = quantized_experts("mxfp8", E, N, K)
+    rng = np.random.default_rng(3)
+    rhs = np.stack([rng.permutation(E + 2)[:3] for _ in range(tokens)]).astype(np.uint32)
+    x = mx.random.normal((tokens, 1, 1, K)).astype(dtype)
+    y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=mx.array(rhs), mode="mxfp8", stream=GPU)
+    y = np.array(y.astype(mx.float32))
+    valid = rhs < E
+    assert np.isnan(y[~valid]).all() and not np.isnan(y[valid]).any()
+    lhs = np.broadcast_to(np.arange(tokens)[:, None], rhs.shape)
+    reference = gather_reference(
+        x.reshape(tokens, 1, K), w_q, scales, lhs[valid], rhs[valid], "mxfp8"
+    )
+    assert relative_error(mx.array(y[valid]), reference) < bound(dtype, True)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "simple"])
+def test_gather_16384_tokens_top_4(kernel, monkeypatch):
+    """65,536 sorted pairs: more than a grid axis of the per-pair kernels holds."""
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", kernel)
+    E, N, K, pairs = 32, 64, 128, 16384 * 4
+    w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
+    rhs = mx.array(np.sort(np.random.default_rng(1).integers(0, E, pairs)).astype(np.uint32))
+    x = mx.random.normal((pairs, 1, K)).astype(mx.bfloat16)
+
+    def gather(stream):
+        y = mlx_fpqmm.gather_qmm(
+            x, w_q, scales, rhs_indices=rhs, mode="mxfp4", sorted_indices=True, stream=stream
+        )
+        return y.astype(mx.float32)
+
+    y, on_cpu = gather(GPU), gather(mx.cpu)
+    magnitude = float(mx.max(mx.abs(on_cpu)))
+    assert float(mx.max(mx.abs(y - on_cpu))) < TOLERANCE[mx.bfloat16] * magnitude
+
+
+@pytest.mark.parametrize("kernel", ["auto", "dequantize"])
+def test_gather_out_of_range_indices_give_nan_rows(kernel, monkeypatch):
+    """With lhs_indices the primitive runs, whatever is requested."""
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", kernel)
     E, N, K = 4, 64, 128
     w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
     x = mx.random.normal((3, 2, K))

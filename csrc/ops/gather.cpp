@@ -1,5 +1,6 @@
 #include "ops/ops.h"
 
+#include <limits>
 #include <memory>
 #include <stdexcept>
 
@@ -33,6 +34,101 @@ mx::array index_array(
             dtype_string(indices->dtype()) + ".");
   }
   return mx::astype(*indices, mx::uint32, s);
+}
+
+// gather_mm(x, w, default lhs, rhs_indices) for pairs of one row (x (...,
+// 1, K)) as MLX's grouped GEMM: on the pairs sorted by expert.
+mx::array sorted_gather_mm(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& rhs_indices,
+    mx::Stream stream) {
+  const auto pairs_shape = rhs_indices.shape();
+  const int K = x.shape(-1);
+  auto x_rows = mx::reshape(x, {-1, 1, K}, stream);
+  auto lhs_indices = mx::broadcast_to(
+      mx::reshape(
+          mx::arange(x_rows.shape(0), mx::uint32, stream),
+          batch_shape(x),
+          stream),
+      pairs_shape,
+      stream);
+  auto experts = mx::flatten(rhs_indices, stream);
+  auto order = mx::argsort(experts, stream);
+  auto rows = mx::take(
+      x_rows,
+      mx::take(mx::flatten(lhs_indices, stream), order, stream),
+      0,
+      stream);
+  auto sorted_products = mx::gather_mm(
+      rows, w, std::nullopt, mx::take(experts, order, stream), true, stream);
+  auto products =
+      mx::take(sorted_products, mx::argsort(order, stream), 0, stream);
+  auto shape = pairs_shape;
+  shape.insert(shape.end(), {1, w.shape(-1)});
+  return mx::reshape(products, shape, stream);
+}
+
+// Where the CUDA plan takes a gather of many rows without lhs_indices
+// (mlx-lm's layouts) by dequantize + gather_mm: every expert dequantized in
+// x's type, then MLX's gather_mm. Its grouped GEMM needs pairs of one row
+// sorted by expert with x in pair order: pairs that do not come so are
+// sorted here (on the device), x's rows taken in that order and the products
+// put back. Pairs with an index out of range are NaN, as the primitive makes
+// them; the product runs on indices clamped to the last expert, so that
+// nothing reads past the arrays and sorted indices stay sorted.
+std::optional<mx::array> dequantized_gather(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& rhs_indices,
+    const std::optional<mx::array>& expert_scales,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    bool right_sorted,
+    mx::Stream stream) {
+  const int64_t pairs = rhs_indices.size();
+  if (x.size() == 0 || w.size() == 0 || pairs == 0) {
+    return std::nullopt;
+  }
+  const int64_t experts = matrix_count(w);
+  const int M = x.shape(-2);
+  const int K = x.shape(-1);
+  const int N = transpose ? w.shape(-2)
+                          : w.shape(-1) * format_for(mode).elements_per_word();
+  const auto gather = cuda::gather_rows(
+      pairs,
+      M,
+      N,
+      K,
+      matrix_count(x),
+      experts,
+      static_cast<int>(x.itemsize()),
+      right_sorted);
+  if (!builds_dequantize(stream, [&](cuda::KernelRequest request) {
+        return cuda::gather_dequantize_then_matmul(gather, request);
+      })) {
+    return std::nullopt;
+  }
+  auto dense = dequantized_weights(
+      w, scales, expert_scales, mode, group_size, x.dtype(), stream);
+  if (transpose) {
+    dense = mx::swapaxes(dense, -1, -2, stream);
+  }
+  auto last = mx::array(static_cast<uint32_t>(experts - 1), mx::uint32);
+  auto clamped = mx::minimum(rhs_indices, last, stream);
+  mx::array y =
+      gather.grouped && !gather.in_order
+          ? sorted_gather_mm(x, dense, clamped, stream)
+          : mx::gather_mm(
+                x, dense, std::nullopt, clamped, gather.grouped, stream);
+  auto valid = mx::less_equal(rhs_indices, last, stream);
+  return mx::where(
+      mx::expand_dims(valid, {-2, -1}, stream),
+      y,
+      mx::array(std::numeric_limits<float>::quiet_NaN(), x.dtype()),
+      stream);
 }
 
 }  // namespace
@@ -108,6 +204,22 @@ mx::array gather_qmm(
         {static_cast<int>(experts)},
         stream);
   }
+  const bool right_sorted = sorted_indices && !lhs_indices;
+  if (!lhs_indices) {
+    if (auto product = dequantized_gather(
+            x,
+            w,
+            scales,
+            indices[1],
+            expert_scales,
+            format.mode,
+            resolved_group_size,
+            transpose,
+            right_sorted,
+            stream)) {
+      return *product;
+    }
+  }
   return fp_gather_qmm_unchecked(
       x,
       w,
@@ -118,7 +230,7 @@ mx::array gather_qmm(
       format.mode,
       resolved_group_size,
       transpose,
-      sorted_indices && !lhs_indices,
+      right_sorted,
       stream);
 }
 

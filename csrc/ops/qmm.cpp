@@ -14,11 +14,10 @@ namespace mlx_fpqmm {
 
 namespace {
 
-// On an NVIDIA GPU, where the CUDA plan multiplies many rows of x by
-// dequantize + matmul: that graph, W dequantized in x's type by our kernel
-// (FpDequantize), the product by MLX's matmul (which broadcasts batches:
-// w is best passed before any broadcast, so that each matrix is
-// dequantized once).
+// Where the CUDA plan multiplies many rows of x by dequantize + matmul: that
+// graph, W dequantized in x's type by our kernel (FpDequantize), the product
+// by MLX's matmul (which broadcasts batches: w is best passed before any
+// broadcast, so that each matrix is dequantized once).
 std::optional<mx::array> dequantized_product(
     const mx::array& x,
     const mx::array& w,
@@ -28,27 +27,18 @@ std::optional<mx::array> dequantized_product(
     int group_size,
     bool transpose,
     mx::Stream stream) {
-  if (stream.device != mx::Device::gpu || x.size() == 0 || w.size() == 0) {
+  if (x.size() == 0 || w.size() == 0) {
     return std::nullopt;
   }
-  // The plan's M: with 2-D weights every leading axis of x is folded in. The
-  // cheap row test first: this runs on every call of a decoding model.
+  // The plan's M: with 2-D weights every leading axis of x is folded in.
   const int64_t M = w.ndim() == 2 ? x.size() / x.shape(-1) : x.shape(-2);
-  if (!cuda::dequantize_then_matmul(M, cuda::kernel_request_from_env()) ||
-      !cuda::running_device()) {
+  if (!builds_dequantize(stream, [M](cuda::KernelRequest request) {
+        return cuda::dequantize_then_matmul(M, request);
+      })) {
     return std::nullopt;
   }
-  std::vector<mx::array> operands = {
-      readable_in_place_copy(w, stream),
-      readable_in_place_copy(scales, stream)};
-  if (global_scale) {
-    operands.push_back(*global_scale);
-  }
-  auto primitive =
-      std::make_shared<FpDequantize>(stream, mode, group_size, x.dtype());
-  auto shape = primitive->output_shapes(operands)[0];
-  auto dense = mx::array(
-      std::move(shape), x.dtype(), std::move(primitive), std::move(operands));
+  auto dense = dequantized_weights(
+      w, scales, global_scale, mode, group_size, x.dtype(), stream);
   return mx::matmul(
       x, transpose ? mx::swapaxes(dense, -1, -2, stream) : dense, stream);
 }
@@ -67,7 +57,38 @@ mx::array make_fp_qmm(
   return mx::array(std::move(shape), dtype, primitive, std::move(inputs));
 }
 
+thread_local bool dequantize_on_cpu_requested = false;
+
 }  // namespace
+
+bool dequantize_on_cpu() {
+  return dequantize_on_cpu_requested;
+}
+
+void set_dequantize_on_cpu(bool on) {
+  dequantize_on_cpu_requested = on;
+}
+
+mx::array dequantized_weights(
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& global_scale,
+    Mode mode,
+    int group_size,
+    mx::Dtype dtype,
+    mx::Stream stream) {
+  std::vector<mx::array> operands = {
+      readable_in_place_copy(w, stream),
+      readable_in_place_copy(scales, stream)};
+  if (global_scale) {
+    operands.push_back(readable_in_place_copy(*global_scale, stream));
+  }
+  auto primitive =
+      std::make_shared<FpDequantize>(stream, mode, group_size, dtype);
+  auto shape = primitive->output_shapes(operands)[0];
+  return mx::array(
+      std::move(shape), dtype, std::move(primitive), std::move(operands));
+}
 
 mx::array fp_qmm_checked(
     std::string_view op,

@@ -244,17 +244,11 @@ std::vector<mx::Shape> FpDequantize::output_shapes(
   return {shape};
 }
 
-void FpDequantize::eval_cpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::logic_error(
-      "[FpDequantize] runs on CUDA streams only (the ops build it for NVIDIA "
-      "GPUs).");
-}
-
 #if !defined(MLX_FPQMM_CUDA)
 void FpDequantize::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   throw std::logic_error(
-      "[FpDequantize] runs on CUDA streams only and this build has no CUDA "
-      "kernels.");
+      "[FpDequantize] runs on the CPU and on CUDA streams only and this build "
+      "has no CUDA kernels.");
 }
 #endif
 

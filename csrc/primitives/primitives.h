@@ -216,13 +216,14 @@ class FpGatherQuantizedMatmul : public FpPrimitive {
   bool right_sorted_;
 };
 
-// FpDequantize: W dequantized in `dtype` on an NVIDIA GPU, the first half
-// of the ops' dequantize + matmul for many rows of x (ops/qmm.cpp builds it
-// for CUDA streams only, as MLX's GPU-only primitives are; on other devices
-// evaluating it throws). Inputs, row-contiguous: w, scales and, for nvfp4
-// with a global scale, global_scale (one value). Output: w's shape with its
-// rows unpacked to K codes. The dtype is part of the state: MLX's compile
-// merges nodes of equivalent primitives on the same inputs.
+// FpDequantize: W dequantized in `dtype`, the first half of the ops'
+// dequantize + matmul (ops/qmm.cpp builds it for CUDA streams, where the
+// CUDA plan takes that path, and for the CPU in tests; there is no Metal
+// kernel). Inputs, row-contiguous: w, scales and, for nvfp4 with a global
+// scale, global_scale (one value, or one per matrix of w, as gather's
+// experts have). Output: w's shape with its rows unpacked to K codes. The
+// dtype is part of the state: MLX's compile merges nodes of equivalent
+// primitives on the same inputs.
 class FpDequantize : public mx::UnaryPrimitive {
  public:
   FpDequantize(mx::Stream stream, Mode mode, int group_size, mx::Dtype dtype)

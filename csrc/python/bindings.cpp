@@ -7,6 +7,7 @@
 
 #include "backend/cuda/device.h"
 #include "ops/ops.h"
+#include "ops/qmm.h"
 #include "python/kernel_path.h"
 
 namespace nb = nanobind;
@@ -333,4 +334,10 @@ NB_MODULE(_ext, m) {
         Returns:
             array: The dequantized ``w``.
       )pbdoc");
+
+  m.def(
+      "_set_dequantize_on_cpu",
+      &mlx_fpqmm::set_dequantize_on_cpu,
+      "on"_a,
+      "Tests: build dequantize + matmul on CPU streams (this thread).");
 }

@@ -19,6 +19,7 @@
 #include "backend/cuda/plan.h"
 #include "backend/metal/plan.h"
 #include "ops/ops.h"
+#include "ops/qmm.h"
 #include "primitives/primitives.h"
 #include "python/kernel_path.h"
 
@@ -247,8 +248,62 @@ nb::dict launch_dict(const cuda::Launch& launch) {
   return result;
 }
 
+// A gather as the op's choice of dequantize + gather_mm sees it.
+cuda::GatherRows gather_rows_of(const QmmProblem& problem) {
+  return cuda::gather_rows(
+      problem.batch_count(),
+      problem.M,
+      problem.N,
+      problem.K,
+      problem.x_matrices,
+      problem.w_matrices,
+      itemsize(problem.x_type),
+      problem.right_sorted);
+}
+
+// Why the CUDA plan dequantizes W and multiplies with MLX's matmul (or
+// gather_mm).
+std::string dequantize_note(
+    const QmmProblem& problem, cuda::KernelRequest request) {
+  const std::string then =
+      problem.gather
+          ? "every expert dequantized in x's type, then MLX's gather_mm"
+          : "W dequantized in x's type, then MLX's matmul";
+  if (request == cuda::KernelRequest::dequantize) {
+    return "dequantize requested: " + then;
+  }
+  if (problem.gather) {
+    const auto rows = gather_rows_of(problem);
+    return std::to_string(rows.rows) + " rows over " +
+           std::to_string(rows.experts) + " experts (at least " +
+           std::to_string(cuda::kGatherRowsPerExpert) + " an expert" +
+           (rows.in_order ? "" : ", sorted first") + "): " + then;
+  }
+  return "M=" + std::to_string(problem.M) + " is above " +
+         std::to_string(cuda::kSimpleRows) + " rows: " + then;
+}
+
+// Whether the op builds dequantize + matmul (ops/qmm.cpp) or dequantize +
+// gather_mm (ops/gather.cpp, only without lhs_indices) for this call.
+bool op_dequantizes(
+    const QmmProblem& problem,
+    bool lhs_indices_given,
+    cuda::KernelRequest request) {
+  const bool empty = problem.M == 0 || problem.N == 0 || problem.K == 0 ||
+                     problem.batch_count() == 0;
+  if (empty) {
+    return false;
+  }
+  if (!problem.gather) {
+    return cuda::dequantize_then_matmul(problem.M, request);
+  }
+  return !lhs_indices_given &&
+         cuda::gather_dequantize_then_matmul(gather_rows_of(problem), request);
+}
+
 nb::dict cuda_plan_dict(
     const QmmProblem& problem,
+    bool lhs_indices_given,
     const cuda::CudaDevice& device,
     const std::optional<std::string>& kernel) {
   auto request = cuda::kernel_request_from_env();
@@ -267,23 +322,15 @@ nb::dict cuda_plan_dict(
   result["device"] =
       "sm_" + std::to_string(device.major) + std::to_string(device.minor);
   result["sm_count"] = device.sm_count;
-  // As the op decides (ops/qmm.cpp: not for empty arrays).
-  const bool empty = problem.M == 0 || problem.N == 0 || problem.K == 0 ||
-                     problem.batch_count() == 0;
-  if (!problem.gather && !empty &&
-      cuda::dequantize_then_matmul(problem.M, request)) {
+  if (op_dequantizes(problem, lhs_indices_given, request)) {
     result["path"] =
         std::string(cuda::path_name(cuda::KernelPath::dequantize_matmul));
     result["requested"] = std::string(cuda::request_name(request));
-    result["note"] =
-        request == cuda::KernelRequest::dequantize
-            ? std::string("dequantize requested")
-            : "M=" + std::to_string(problem.M) + " is above " +
-                  std::to_string(cuda::kSimpleRows) +
-                  " rows: W dequantized in x's type, then MLX's matmul";
-    // FpDequantize's launch over every matrix of W.
-    int64_t w_matrices = 1;
-    for (size_t axis = 0; axis < problem.batch_shape.size(); ++axis) {
+    result["note"] = dequantize_note(problem, request);
+    // FpDequantize's launch over every matrix of W (every expert).
+    int64_t w_matrices = problem.gather ? problem.w_matrices : 1;
+    for (size_t axis = 0; !problem.gather && axis < problem.batch_shape.size();
+         ++axis) {
       if (problem.w_batch_strides[axis] != 0) {
         w_matrices *= problem.batch_shape[axis];
       }
@@ -342,6 +389,18 @@ nb::dict metal_plan_dict(
   return result;
 }
 
+// Turns dequantize_on_cpu() off while it lives: kernel_path describes the
+// primitive's node.
+struct PrimitiveNodes {
+  PrimitiveNodes() : restore(dequantize_on_cpu()) {
+    set_dequantize_on_cpu(false);
+  }
+  ~PrimitiveNodes() {
+    set_dequantize_on_cpu(restore);
+  }
+  bool restore;
+};
+
 nb::dict plan_call(
     const mx::array& x,
     const mx::array& w,
@@ -362,8 +421,10 @@ nb::dict plan_call(
     throw std::invalid_argument(
         "mode 'affine' runs on MLX's own kernels, not mlx_fpqmm's.");
   }
-  // With indices, the gather primitive (mixture of experts).
+  // With indices, the gather primitive (mixture of experts). The primitive
+  // itself, also inside mlx_fpqmm.testing.dequantize_on_cpu().
   bool gather = lhs_indices || rhs_indices;
+  const PrimitiveNodes primitive_nodes;
   auto node =
       gather ? gather_node(
                    x,
@@ -414,7 +475,8 @@ nb::dict plan_call(
     cuda_device = cuda_device_named(device);
   }
   if (cuda_device) {
-    result = cuda_plan_dict(problem, *cuda_device, kernel);
+    result =
+        cuda_plan_dict(problem, lhs_indices.has_value(), *cuda_device, kernel);
   } else {
     result = metal_plan_dict(problem, device, macos, kernel, nax_kernels_built);
   }

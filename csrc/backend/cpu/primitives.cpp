@@ -1,5 +1,7 @@
 // FpQuantizedMatmul on the CPU: one kernel call per batch element, on inputs
-// the op has made readable in place (readable_in_place in primitives.h).
+// the op has made readable in place (readable_in_place in primitives.h); and
+// FpDequantize.
+#include <stdexcept>
 #include <vector>
 
 #include "backend/cpu/dispatch.h"
@@ -77,6 +79,48 @@ void FpQuantizedMatmul::eval_cpu(
           args.out = out_data + b * M * N * out.itemsize();
           cpu::qmm(args);
         }
+      });
+}
+
+void FpDequantize::eval_cpu(
+    const std::vector<mx::array>& inputs, mx::array& out) {
+  cpu::dispatch(
+      stream(),
+      inputs,
+      out,
+      [mode = mode_, group_size = group_size_](
+          const std::vector<mx::array>& inputs, mx::array& out) {
+        const auto& w = inputs[0];
+        const auto& scales = inputs[1];
+        const int64_t cols = out.shape(-1);
+        const int64_t rows = static_cast<int64_t>(out.size()) / cols;
+        std::vector<float> factors = {1.0f};
+        if (inputs.size() > 2) {
+          const auto& global_scale = inputs[2];
+          factors.resize(global_scale.size());
+          for (size_t i = 0; i < factors.size(); ++i) {
+            factors[i] =
+                global_scale.data<float>()[i] / kNvfp4GlobalScaleDivisor;
+          }
+        }
+        if (rows % static_cast<int64_t>(factors.size()) != 0) {
+          throw std::logic_error(
+              "[FpDequantize] one global scale, or one per matrix of w.");
+        }
+        cpu::dequantize(
+            cpu::DequantizeArgs{
+                &format_for(mode),
+                group_size,
+                rows,
+                cols,
+                w.data<uint32_t>(),
+                scales.data<void>(),
+                static_cast<int>(scales.itemsize()),
+                scale_encoding(mode, scales),
+                factors.data(),
+                static_cast<int64_t>(factors.size()),
+                out.dtype(),
+                out.data<void>()});
       });
 }
 

@@ -35,6 +35,8 @@ constexpr int64_t kGemmBf16Grain = 64;
 constexpr int64_t kArrangeGrain = 16;
 // Columns of a dequantized panel: 128 x 2048 floats is 1 MiB.
 constexpr int64_t kPanelDepth = 2048;
+// Rows of W per task of a dequantize.
+constexpr int64_t kDequantizeGrain = 16;
 // The small-M x @ W^T kernels' tasks are longer for large N, as many as
 // kDotTasksPerThread per thread to balance the pool: each task decodes its
 // rows' scales, and the AVX-512 bf16 dots arrange x, afresh, which short
@@ -310,6 +312,42 @@ void qmm(const QmmArgs& args) {
           kernels.axpy(w, x, args.M, n0, n1, out, ldo);
         });
   }
+}
+
+void dequantize(const DequantizeArgs& args) {
+  if (args.rows == 0 || args.cols == 0) {
+    return;
+  }
+  const IsaKernels& kernels = select_kernels();
+  const int64_t matrix_rows = args.rows / args.factor_count;
+  const int64_t row_bytes = args.cols * args.format->bits / 8;
+  const int64_t row_scale_bytes =
+      args.cols / args.group_size * args.scale_itemsize;
+  parallel_for(args.rows, kDequantizeGrain, [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<float> row;
+    row.resize(args.cols);
+    for (int64_t r = r0; r < r1; ++r) {
+      // Row r as row 0 of a one-row matrix with its matrix's global factor.
+      QuantizedMatrix w{
+          args.format->bits,
+          args.group_size,
+          1,
+          args.cols,
+          reinterpret_cast<const uint8_t*>(args.w) + r * row_bytes,
+          static_cast<const std::byte*>(args.scales) + r * row_scale_bytes,
+          args.scale_encoding,
+          args.global_factors[r / matrix_rows]};
+      kernels.dequantize(w, 0, 1, 0, args.cols, row.data(), args.cols);
+      dispatch_float(args.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        std::transform(
+            row.begin(),
+            row.end(),
+            static_cast<T*>(args.out) + r * args.cols,
+            [](float value) { return static_cast<T>(value); });
+      });
+    }
+  });
 }
 
 }  // namespace mlx_fpqmm::cpu

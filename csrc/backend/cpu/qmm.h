@@ -1,4 +1,5 @@
-// CPU kernels for one (M, K) x quantized (N, K) matrix product.
+// CPU kernels for one (M, K) x quantized (N, K) matrix product, and for W
+// dequantized.
 #pragma once
 
 #include <cstdint>
@@ -28,5 +29,25 @@ struct QmmArgs {
 };
 
 void qmm(const QmmArgs& args);
+
+// Every matrix of W, folded into `rows` rows of `cols` codes (row-major, as
+// are the scales), dequantized into `out` (rows x cols of `dtype`): the rows
+// of matrix i (rows / matrices of them) scaled by global_factors[i], or by
+// global_factors[0] for all when there is one factor.
+struct DequantizeArgs {
+  const Format* format;
+  int group_size;
+  int64_t rows, cols;
+  const uint32_t* w;
+  const void* scales;
+  int scale_itemsize;
+  ScaleEncoding scale_encoding;
+  const float* global_factors;
+  int64_t factor_count;  // 1 or the number of matrices
+  mx::Dtype dtype;
+  void* out;
+};
+
+void dequantize(const DequantizeArgs& args);
 
 }  // namespace mlx_fpqmm::cpu

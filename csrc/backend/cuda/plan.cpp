@@ -215,6 +215,31 @@ bool dequantize_then_matmul(int64_t M, KernelRequest request) {
          (request == KernelRequest::automatic && M > kSimpleRows);
 }
 
+GatherRows gather_rows(
+    int64_t pairs,
+    int64_t M,
+    int64_t N,
+    int64_t K,
+    int64_t x_matrices,
+    int64_t experts,
+    int x_itemsize,
+    bool right_sorted) {
+  return GatherRows{
+      pairs * M,
+      experts,
+      experts * N * K * x_itemsize,
+      M == 1 && experts <= kGroupedGemmMaxExperts,
+      right_sorted && x_matrices == pairs};
+}
+
+bool gather_dequantize_then_matmul(
+    const GatherRows& gather, KernelRequest request) {
+  return request == KernelRequest::dequantize ||
+         (request == KernelRequest::automatic && gather.grouped &&
+          gather.rows >= kGatherRowsPerExpert * gather.experts &&
+          gather.dense_bytes <= kGatherMaxDenseBytes);
+}
+
 namespace {
 
 constexpr RequestNames<KernelRequest, 5> kRequestNames = {

@@ -53,6 +53,45 @@ inline constexpr int kSimpleRows = 40;
 // unless another path is requested, or on request (any M).
 bool dequantize_then_matmul(int64_t M, KernelRequest request);
 
+// A gather (mixture of experts) without lhs_indices, as the choice of
+// dequantize + gather_mm sees it: every expert dequantized in x's type, then
+// MLX's gather_mm, whose grouped GEMM (CUTLASS) takes pairs of one row each,
+// up to kGroupedGemmMaxExperts experts, sorted by expert with x in pair order
+// (the op sorts the pairs on the device when they do not come so).
+struct GatherRows {
+  int64_t rows;         // pairs times M
+  int64_t experts;      // matrices of W
+  int64_t dense_bytes;  // the experts dequantized
+  bool grouped;         // the grouped GEMM takes it
+  bool in_order;        // sorted pairs, x in pair order: no sort needed
+};
+GatherRows gather_rows(
+    int64_t pairs,
+    int64_t M,
+    int64_t N,
+    int64_t K,
+    int64_t x_matrices,
+    int64_t experts,
+    int x_itemsize,
+    bool right_sorted);
+
+inline constexpr int kGroupedGemmMaxExperts = 1024;
+// Not measured yet: an estimate. Dequantizing every expert (32 of 2880 x
+// 2880: 0.53 GB written, then read by the GEMM, in bfloat16: about 350 us
+// at the H200's bandwidth) against the decode kernels, which read a routed
+// expert (4.1 MB of mxfp4) per pair (8 tokens' 32 pairs: 125 us): about even
+// at 4 rows per expert.
+inline constexpr int kGatherRowsPerExpert = 8;
+// The transient copy of the experts stays below this (a DeepSeek-V3 layer's
+// 256 experts of 7168 x 2048 would take 7.5 GB).
+inline constexpr int64_t kGatherMaxDenseBytes = int64_t(4) << 30;
+
+// Whether such a gather takes dequantize + gather_mm: pairs the grouped GEMM
+// takes, from kGatherRowsPerExpert rows per expert, within the bytes above,
+// unless another path is requested; or on request (any layout).
+bool gather_dequantize_then_matmul(
+    const GatherRows& gather, KernelRequest request);
+
 std::string_view path_name(KernelPath path);
 std::optional<KernelRequest> kernel_request_from_name(std::string_view name);
 std::string_view request_name(KernelRequest request);  // "auto", ...

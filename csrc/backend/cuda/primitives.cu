@@ -248,8 +248,14 @@ void FpDequantize::eval_gpu(
   fc::QmmArgs args{};
   args.w = mx::gpu_ptr<uint32_t>(w);
   args.scales = mx::gpu_ptr<void>(scales);
+  args.w_matrices = 1;
   if (inputs.size() > 2) {
     args.global_scale = mx::gpu_ptr<float>(inputs[2]);
+    args.w_matrices = static_cast<int>(inputs[2].size());
+  }
+  if (rows % args.w_matrices != 0) {
+    throw std::logic_error(
+        "[FpDequantize] one global scale, or one per matrix of w.");
   }
   args.y = mx::gpu_ptr<void>(out);
   args.N = static_cast<int>(rows);

@@ -1,7 +1,8 @@
 // W dequantized in y's type (the op's dequantize + matmul for many rows of
 // x): y[r, k] = code(r, k) * scale(r, k / group_size) (* nvfp4's global
-// factor) for the rows of W, all of its matrices folded into args.N rows of
-// args.K codes, row-contiguous. A thread takes a 32-bit word of codes (8
+// factor: one, or with args.w_matrices > 1 one per matrix) for the rows of
+// W, all of its matrices folded into args.N rows of args.K codes,
+// row-contiguous. A thread takes a 32-bit word of codes (8
 // E2M1 or 4 E4M3, all in one group: groups are 16 codes or more) and stores
 // its values as one vector.
 #pragma once
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kDequantizeThreads)
   const int64_t words = row_words * args.N;
   const auto* scales = static_cast<const S*>(args.scales);
   auto* y = static_cast<T*>(args.y);
-  const float factor = global_factor(args.global_scale, 0);
+  const int64_t matrix_rows = args.N / args.w_matrices;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < words;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / row_words;
@@ -76,7 +77,7 @@ __global__ void __launch_bounds__(kDequantizeThreads)
     const float scale =
         decode_scale<encoding>(
             scales[row * groups_per_row + k / args.group_size]) *
-        factor;
+        global_factor(args.global_scale, row / matrix_rows);
     store_scaled_word<T, bits>(__ldg(args.w + i), scale, y + row * args.K + k);
   }
 }

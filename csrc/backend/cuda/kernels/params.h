@@ -123,10 +123,11 @@ struct QmmArgs {
   int64_t x_batch_strides[kMaxBatchDims];
   int64_t w_batch_strides[kMaxBatchDims];
   int64_t scales_batch_strides[kMaxBatchDims];
-  int64_t batch_count;         // pairs with gather
-  int x_matrices, w_matrices;  // gather only
-  int split_k;                 // 1: no split
-  int split_k_step;            // codes of K per split, a multiple of the stage
+  int64_t batch_count;  // pairs with gather
+  // Gather; fp_dequantize: w_matrices global scales (1: one for all).
+  int x_matrices, w_matrices;
+  int split_k;       // 1: no split
+  int split_k_step;  // codes of K per split, a multiple of the stage
 };
 
 }  // namespace fpqmm::cuda

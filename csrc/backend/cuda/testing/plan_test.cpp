@@ -198,6 +198,33 @@ int main() {
           !cu::dequantize_then_matmul(4096, KernelRequest::decode) &&
           cu::dequantize_then_matmul(1, KernelRequest::dequantize),
       "dequantize + matmul above the simple rows");
+  // A gather: pairs of one row (sorted here unless sorted with x in pair
+  // order) from 8 rows an expert, within MLX's grouped GEMM's 1024 experts
+  // and 4 GiB of dequantized experts; any layout on request.
+  auto moe = [](int64_t pairs, int64_t M, int64_t x_matrices, bool sorted) {
+    return cu::gather_rows(pairs, M, 2880, 2880, x_matrices, 32, 2, sorted);
+  };
+  auto takes = [](const cu::GatherRows& rows) {
+    return cu::gather_dequantize_then_matmul(rows, KernelRequest::automatic);
+  };
+  check(
+      moe(256, 1, 256, true).in_order && !moe(256, 1, 32, true).in_order &&
+          !moe(256, 1, 256, false).in_order && takes(moe(256, 1, 256, true)) &&
+          !takes(moe(255, 1, 255, true)) && takes(moe(4096, 1, 1024, false)) &&
+          !takes(moe(4096, 2, 4096, true)),
+      "gather: dequantize + gather_mm for single rows from 8 an expert");
+  check(
+      moe(4096, 1, 4096, true).dense_bytes == int64_t(32) * 2880 * 2880 * 2 &&
+          !takes(
+              cu::gather_rows(1 << 20, 1, 7168, 2048, 1 << 20, 256, 4, true)) &&
+          !cu::gather_rows(1 << 20, 1, 64, 64, 1 << 20, 1025, 2, true).grouped,
+      "gather: the dense bytes and experts limits");
+  check(
+      cu::gather_dequantize_then_matmul(
+          moe(8, 3, 2, false), KernelRequest::dequantize) &&
+          !cu::gather_dequantize_then_matmul(
+              moe(4096, 1, 4096, true), KernelRequest::simple),
+      "gather: requests");
   auto many = cu::plan(
       problem(Mode::mxfp4, true, 4096, 4096, 4096),
       h200,
