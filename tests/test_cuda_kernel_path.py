@@ -101,8 +101,9 @@ def test_gather_dequantizes_from_8_rows_an_expert(pairs, expected, sorted_indice
         dict(M=2),  # the grouped GEMM takes one row per pair
         dict(lhs=True),  # the op keeps the primitive with lhs_indices
         dict(experts=1025, pairs=8192),  # past MLX's grouped GEMM's 1024 groups
-        # Every expert dequantized would be 256 * 7168 * 2048 * 4 bytes: past 4 GiB.
-        dict(experts=256, pairs=4096, NK=(7168, 2048)),
+        # Every expert dequantized would be 160 * 1536 * 5120 * 2 bytes: past the
+        # grouped GEMM's 2 GiB.
+        dict(experts=160, pairs=4096, NK=(1536, 5120)),
     ],
     ids=["rows", "lhs", "experts", "bytes"],
 )
@@ -111,7 +112,27 @@ def test_gather_keeps_the_kernels(case):
     assert gather_path(**case)["path"] != "dequantize_matmul"
 
 
+def test_sorted_indices_repeated_by_a_broadcast_are_sorted_first():
+    """x's batch (2, 256) against sorted indices (256,): the pairs' indices run
+    through them twice, so they are not sorted pairs."""
+    w = mx.zeros((32, 2880, 2880 // 8), mx.uint32)
+    scales = mx.zeros((32, 2880, 2880 // 32), mx.uint8)
+    plan = mlx_fpqmm.kernel_path(
+        mx.zeros((2, 256, 1, 2880)),
+        w,
+        scales,
+        mode="mxfp4",
+        rhs_indices=mx.sort(mx.arange(256) % 32).astype(mx.uint32),
+        sorted_indices=True,
+        device="sm_90",
+    )
+    assert plan["path"] == "dequantize_matmul" and "sorted first" in plan["note"]
+
+
 def test_gather_dequantize_request():
     assert gather_path(8, M=3, kernel="dequantize")["path"] == "dequantize_matmul"
     assert gather_path(8, lhs=True, kernel="dequantize")["path"] != "dequantize_matmul"
+    # Past a grid axis of pairs MLX's gather_mm takes only the grouped GEMM.
+    big = gather_path(65536, M=2, kernel="dequantize", NK=(64, 64))
+    assert big["path"] != "dequantize_matmul"
     assert gather_path(4096, kernel="simple")["path"] != "dequantize_matmul"

@@ -257,6 +257,29 @@ def test_gather_sorted_many_rows_each_path(mode, dtype, transpose, kernel, monke
     assert relative_error(mx.array(y[:-2]), reference) < sorted_gather_tolerance(x, E)
 
 
+@pytest.mark.parametrize("layout", ["strided", "repeated"])
+def test_gather_sorted_unusual_layouts(layout):
+    """Sorted indices with x a strided view (every other row of a larger x), or
+    repeated by x's batch (2, 128) broadcast against them: the pairs are not the
+    grouped GEMM's contiguous, sorted rows as they come."""
+    E, N, K = 8, 64, 256
+    w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
+    rhs = mx.array(np.sort(np.random.default_rng(5).integers(0, E, 128)).astype(np.uint32))
+    if layout == "strided":
+        x = mx.random.normal((256, 1, K)).astype(mx.bfloat16)[::2]
+        lhs = mx.arange(128, dtype=mx.uint32)
+        pairs_rhs = rhs
+    else:
+        x = mx.random.normal((2, 128, 1, K)).astype(mx.bfloat16)
+        lhs = mx.arange(256, dtype=mx.uint32)
+        pairs_rhs = mx.concatenate([rhs, rhs])
+    y = mlx_fpqmm.gather_qmm(
+        x, w_q, scales, rhs_indices=rhs, mode="mxfp4", sorted_indices=True, stream=GPU
+    )
+    reference = gather_reference(x, w_q, scales, lhs, pairs_rhs, "mxfp4")
+    assert relative_error(y.reshape(reference[0].shape), reference) < TOLERANCE[mx.bfloat16]
+
+
 @pytest.mark.parametrize("pairs", [6, 64])
 def test_gather_nvfp4_expert_scales(pairs):
     """Each expert's own tensor scale (1 to 40 times apart), in the kernels and (64

@@ -168,6 +168,15 @@ def test_gather_unsorted_routes(mode):
     check_gather(x, w_q, scales, mx.array(rhs.astype(np.uint32)), mode)
 
 
+def test_gather_sorted_indices_repeated_by_x_batch():
+    """x's batch (2, 5) against sorted indices (5,): not sorted pairs, so sorted
+    first."""
+    E, N, K = 4, 32, 64
+    w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
+    rhs = mx.array([0, 1, 1, 3, 6], dtype=mx.uint32)
+    check_gather(mx.random.normal((2, 5, 1, K)), w_q, scales, rhs, sorted_indices=True)
+
+
 def test_gather_rows_per_pair():
     E, N, K = 4, 32, 64
     w_q, scales, _ = quantized_experts("mxfp4", E, N, K)

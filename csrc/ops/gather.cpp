@@ -86,7 +86,7 @@ std::optional<mx::array> dequantized_gather(
     Mode mode,
     int group_size,
     bool transpose,
-    bool right_sorted,
+    bool sorted_pairs,
     mx::Stream stream) {
   const int64_t pairs = rhs_indices.size();
   if (x.size() == 0 || w.size() == 0 || pairs == 0) {
@@ -105,7 +105,7 @@ std::optional<mx::array> dequantized_gather(
       matrix_count(x),
       experts,
       static_cast<int>(x.itemsize()),
-      right_sorted);
+      sorted_pairs);
   if (!builds_dequantize(stream, [&](cuda::KernelRequest request) {
         return cuda::gather_dequantize_then_matmul(gather, request);
       })) {
@@ -113,6 +113,9 @@ std::optional<mx::array> dequantized_gather(
   }
   auto dense = dequantized_weights(
       w, scales, expert_scales, mode, group_size, x.dtype(), stream);
+  // Row-contiguous: MLX's CUDA gather_mm takes a 3-D x's batch stride to be
+  // its matrix size.
+  auto x_rows = readable_in_place_copy(x, stream);
   if (transpose) {
     dense = mx::swapaxes(dense, -1, -2, stream);
   }
@@ -120,9 +123,9 @@ std::optional<mx::array> dequantized_gather(
   auto clamped = mx::minimum(rhs_indices, last, stream);
   mx::array y =
       gather.grouped && !gather.in_order
-          ? sorted_gather_mm(x, dense, clamped, stream)
+          ? sorted_gather_mm(x_rows, dense, clamped, stream)
           : mx::gather_mm(
-                x, dense, std::nullopt, clamped, gather.grouped, stream);
+                x_rows, dense, std::nullopt, clamped, gather.grouped, stream);
   auto valid = mx::less_equal(rhs_indices, last, stream);
   return mx::where(
       mx::expand_dims(valid, {-2, -1}, stream),
@@ -206,6 +209,8 @@ mx::array gather_qmm(
   }
   const bool right_sorted = sorted_indices && !lhs_indices;
   if (!lhs_indices) {
+    // Sorted indices that a broadcast repeats are not sorted pairs.
+    const bool sorted_pairs = right_sorted && rhs.size() == indices[1].size();
     if (auto product = dequantized_gather(
             x,
             w,
@@ -215,7 +220,7 @@ mx::array gather_qmm(
             format.mode,
             resolved_group_size,
             transpose,
-            right_sorted,
+            sorted_pairs,
             stream)) {
       return *product;
     }

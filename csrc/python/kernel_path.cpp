@@ -248,8 +248,10 @@ nb::dict launch_dict(const cuda::Launch& launch) {
   return result;
 }
 
-// A gather as the op's choice of dequantize + gather_mm sees it.
-cuda::GatherRows gather_rows_of(const QmmProblem& problem) {
+// A gather without lhs_indices as the op's choice of dequantize +
+// gather_mm sees it (ops/gather.cpp); rhs_size: the size of the rhs_indices
+// given, before their broadcast.
+cuda::GatherRows gather_rows_of(const QmmProblem& problem, int64_t rhs_size) {
   return cuda::gather_rows(
       problem.batch_count(),
       problem.M,
@@ -258,52 +260,50 @@ cuda::GatherRows gather_rows_of(const QmmProblem& problem) {
       problem.x_matrices,
       problem.w_matrices,
       itemsize(problem.x_type),
-      problem.right_sorted);
+      problem.right_sorted && rhs_size == problem.batch_count());
 }
 
-// Why the CUDA plan dequantizes W and multiplies with MLX's matmul (or
-// gather_mm).
+// Why the CUDA plan dequantizes W and multiplies with MLX's matmul (or, for
+// `gather`, gather_mm).
 std::string dequantize_note(
-    const QmmProblem& problem, cuda::KernelRequest request) {
+    const QmmProblem& problem,
+    const std::optional<cuda::GatherRows>& gather,
+    cuda::KernelRequest request) {
   const std::string then =
-      problem.gather
-          ? "every expert dequantized in x's type, then MLX's gather_mm"
-          : "W dequantized in x's type, then MLX's matmul";
+      gather ? "every expert dequantized in x's type, then MLX's gather_mm"
+             : "W dequantized in x's type, then MLX's matmul";
   if (request == cuda::KernelRequest::dequantize) {
     return "dequantize requested: " + then;
   }
-  if (problem.gather) {
-    const auto rows = gather_rows_of(problem);
-    return std::to_string(rows.rows) + " rows over " +
-           std::to_string(rows.experts) + " experts (at least " +
+  if (gather) {
+    return std::to_string(gather->rows) + " rows over " +
+           std::to_string(gather->experts) + " experts (at least " +
            std::to_string(cuda::kGatherRowsPerExpert) + " an expert" +
-           (rows.in_order ? "" : ", sorted first") + "): " + then;
+           (gather->in_order ? "" : ", sorted first") + "): " + then;
   }
   return "M=" + std::to_string(problem.M) + " is above " +
          std::to_string(cuda::kSimpleRows) + " rows: " + then;
 }
 
-// Whether the op builds dequantize + matmul (ops/qmm.cpp) or dequantize +
-// gather_mm (ops/gather.cpp, only without lhs_indices) for this call.
+// Whether the op builds dequantize + matmul (ops/qmm.cpp) or, for a gather
+// without lhs_indices (`gather`), dequantize + gather_mm (ops/gather.cpp).
 bool op_dequantizes(
     const QmmProblem& problem,
-    bool lhs_indices_given,
+    const std::optional<cuda::GatherRows>& gather,
     cuda::KernelRequest request) {
   const bool empty = problem.M == 0 || problem.N == 0 || problem.K == 0 ||
-                     problem.batch_count() == 0;
-  if (empty) {
+                     problem.batch_count() == 0 ||
+                     (problem.gather && problem.w_matrices == 0);
+  if (empty || (problem.gather && !gather)) {
     return false;
   }
-  if (!problem.gather) {
-    return cuda::dequantize_then_matmul(problem.M, request);
-  }
-  return !lhs_indices_given &&
-         cuda::gather_dequantize_then_matmul(gather_rows_of(problem), request);
+  return gather ? cuda::gather_dequantize_then_matmul(*gather, request)
+                : cuda::dequantize_then_matmul(problem.M, request);
 }
 
 nb::dict cuda_plan_dict(
     const QmmProblem& problem,
-    bool lhs_indices_given,
+    const std::optional<cuda::GatherRows>& gather_without_lhs,
     const cuda::CudaDevice& device,
     const std::optional<std::string>& kernel) {
   auto request = cuda::kernel_request_from_env();
@@ -322,11 +322,11 @@ nb::dict cuda_plan_dict(
   result["device"] =
       "sm_" + std::to_string(device.major) + std::to_string(device.minor);
   result["sm_count"] = device.sm_count;
-  if (op_dequantizes(problem, lhs_indices_given, request)) {
+  if (op_dequantizes(problem, gather_without_lhs, request)) {
     result["path"] =
         std::string(cuda::path_name(cuda::KernelPath::dequantize_matmul));
     result["requested"] = std::string(cuda::request_name(request));
-    result["note"] = dequantize_note(problem, request);
+    result["note"] = dequantize_note(problem, gather_without_lhs, request);
     // FpDequantize's launch over every matrix of W (every expert).
     int64_t w_matrices = problem.gather ? problem.w_matrices : 1;
     for (size_t axis = 0; !problem.gather && axis < problem.batch_shape.size();
@@ -475,8 +475,11 @@ nb::dict plan_call(
     cuda_device = cuda_device_named(device);
   }
   if (cuda_device) {
-    result =
-        cuda_plan_dict(problem, lhs_indices.has_value(), *cuda_device, kernel);
+    std::optional<cuda::GatherRows> gather_without_lhs;
+    if (gather && !lhs_indices) {
+      gather_without_lhs = gather_rows_of(problem, rhs_indices->size());
+    }
+    result = cuda_plan_dict(problem, gather_without_lhs, *cuda_device, kernel);
   } else {
     result = metal_plan_dict(problem, device, macos, kernel, nax_kernels_built);
   }

@@ -223,21 +223,27 @@ GatherRows gather_rows(
     int64_t x_matrices,
     int64_t experts,
     int x_itemsize,
-    bool right_sorted) {
+    bool sorted_pairs) {
+  const int64_t dense_bytes = experts * N * K * x_itemsize;
+  const int64_t row_bytes = std::max(N, K) * x_itemsize;
   return GatherRows{
+      pairs,
       pairs * M,
       experts,
-      experts * N * K * x_itemsize,
-      M == 1 && experts <= kGroupedGemmMaxExperts,
-      right_sorted && x_matrices == pairs};
+      dense_bytes,
+      M == 1 && experts <= kGroupedGemmMaxExperts &&
+          dense_bytes <= kGatherMaxDenseBytes &&
+          pairs * row_bytes <= (int64_t(1) << 32),
+      sorted_pairs && x_matrices == pairs};
 }
 
 bool gather_dequantize_then_matmul(
     const GatherRows& gather, KernelRequest request) {
-  return request == KernelRequest::dequantize ||
-         (request == KernelRequest::automatic && gather.grouped &&
-          gather.rows >= kGatherRowsPerExpert * gather.experts &&
-          gather.dense_bytes <= kGatherMaxDenseBytes);
+  if (request == KernelRequest::dequantize) {
+    return gather.grouped || gather.pairs <= kMaxGridZ;
+  }
+  return request == KernelRequest::automatic && gather.grouped &&
+         gather.rows >= kGatherRowsPerExpert * gather.experts;
 }
 
 namespace {

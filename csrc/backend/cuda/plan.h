@@ -55,16 +55,22 @@ bool dequantize_then_matmul(int64_t M, KernelRequest request);
 
 // A gather (mixture of experts) without lhs_indices, as the choice of
 // dequantize + gather_mm sees it: every expert dequantized in x's type, then
-// MLX's gather_mm, whose grouped GEMM (CUTLASS) takes pairs of one row each,
-// up to kGroupedGemmMaxExperts experts, sorted by expert with x in pair order
-// (the op sorts the pairs on the device when they do not come so).
+// MLX's gather_mm. Its grouped GEMM (CUTLASS) takes pairs of one row each,
+// sorted by expert with x in pair order (the op sorts the pairs on the
+// device when they do not come so), up to kGroupedGemmMaxExperts experts,
+// and offsets its pointers in 32-bit arithmetic: an expert's start in
+// signed, a pair's row of x and of y in unsigned bytes. Its other kernel
+// puts the pairs on a grid axis (at most kMaxGridZ of them).
 struct GatherRows {
+  int64_t pairs;
   int64_t rows;         // pairs times M
   int64_t experts;      // matrices of W
   int64_t dense_bytes;  // the experts dequantized
   bool grouped;         // the grouped GEMM takes it
   bool in_order;        // sorted pairs, x in pair order: no sort needed
 };
+// sorted_pairs: the caller says the pairs' indices are sorted (sorted
+// indices that no broadcast repeats).
 GatherRows gather_rows(
     int64_t pairs,
     int64_t M,
@@ -73,9 +79,10 @@ GatherRows gather_rows(
     int64_t x_matrices,
     int64_t experts,
     int x_itemsize,
-    bool right_sorted);
+    bool sorted_pairs);
 
 inline constexpr int kGroupedGemmMaxExperts = 1024;
+inline constexpr int64_t kMaxGridZ = 65535;
 // Not measured yet: an estimate. Dequantizing every expert (32 of 2880 x
 // 2880: 0.53 GB written, then read by the GEMM, in bfloat16: about 350 us
 // at the H200's bandwidth) against the decode kernels, which read a routed
@@ -83,12 +90,14 @@ inline constexpr int kGroupedGemmMaxExperts = 1024;
 // at 4 rows per expert.
 inline constexpr int kGatherRowsPerExpert = 8;
 // The transient copy of the experts stays below this (a DeepSeek-V3 layer's
-// 256 experts of 7168 x 2048 would take 7.5 GB).
-inline constexpr int64_t kGatherMaxDenseBytes = int64_t(4) << 30;
+// 256 experts of 7168 x 2048 would take 7.5 GB), which also keeps the
+// grouped GEMM's expert offsets within 2^31 bytes.
+inline constexpr int64_t kGatherMaxDenseBytes = int64_t(1) << 31;
 
 // Whether such a gather takes dequantize + gather_mm: pairs the grouped GEMM
 // takes, from kGatherRowsPerExpert rows per expert, within the bytes above,
-// unless another path is requested; or on request (any layout).
+// unless another path is requested; or on request (any layout MLX's kernels
+// take).
 bool gather_dequantize_then_matmul(
     const GatherRows& gather, KernelRequest request);
 

@@ -216,14 +216,23 @@ int main() {
   check(
       moe(4096, 1, 4096, true).dense_bytes == int64_t(32) * 2880 * 2880 * 2 &&
           !takes(
-              cu::gather_rows(1 << 20, 1, 7168, 2048, 1 << 20, 256, 4, true)) &&
-          !cu::gather_rows(1 << 20, 1, 64, 64, 1 << 20, 1025, 2, true).grouped,
-      "gather: the dense bytes and experts limits");
+              cu::gather_rows(1 << 16, 1, 1536, 5120, 1 << 16, 160, 2, true)) &&
+          !cu::gather_rows(1 << 20, 1, 64, 64, 1 << 20, 1025, 2, true)
+               .grouped &&
+          cu::gather_rows(1 << 20, 1, 1024, 1024, 1 << 20, 8, 4, true)
+              .grouped &&
+          !cu::gather_rows(1 << 20, 1, 1024, 1025, 1 << 20, 8, 4, true).grouped,
+      "gather: the grouped GEMM's limits (2 GiB of experts, 4 GiB of x or "
+      "y, 1024 experts)");
   check(
       cu::gather_dequantize_then_matmul(
           moe(8, 3, 2, false), KernelRequest::dequantize) &&
           !cu::gather_dequantize_then_matmul(
-              moe(4096, 1, 4096, true), KernelRequest::simple),
+              moe(4096, 1, 4096, true), KernelRequest::simple) &&
+          cu::gather_dequantize_then_matmul(
+              moe(65535, 2, 65535, true), KernelRequest::dequantize) &&
+          !cu::gather_dequantize_then_matmul(
+              moe(65536, 2, 65536, true), KernelRequest::dequantize),
       "gather: requests");
   auto many = cu::plan(
       problem(Mode::mxfp4, true, 4096, 4096, 4096),
