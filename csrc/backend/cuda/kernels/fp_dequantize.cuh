@@ -69,6 +69,9 @@ __global__ void __launch_bounds__(kDequantizeThreads)
   const int64_t words = row_words * args.N;
   const auto* scales = static_cast<const S*>(args.scales);
   auto* y = static_cast<T*>(args.y);
+  // One factor for all rows (the dense product's W), hoisted; per matrix
+  // (gather's experts) it costs a division and a load per word.
+  const float factor = global_factor(args.global_scale, 0);
   const int64_t matrix_rows = args.N / args.w_matrices;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < words;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -77,7 +80,9 @@ __global__ void __launch_bounds__(kDequantizeThreads)
     const float scale =
         decode_scale<encoding>(
             scales[row * groups_per_row + k / args.group_size]) *
-        global_factor(args.global_scale, row / matrix_rows);
+        (args.w_matrices > 1
+             ? global_factor(args.global_scale, row / matrix_rows)
+             : factor);
     store_scaled_word<T, bits>(__ldg(args.w + i), scale, y + row * args.K + k);
   }
 }
