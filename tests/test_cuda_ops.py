@@ -257,16 +257,22 @@ def test_gather_sorted_many_rows_each_path(mode, dtype, transpose, kernel, monke
     assert relative_error(mx.array(y[:-2]), reference) < sorted_gather_tolerance(x, E)
 
 
-@pytest.mark.parametrize("layout", ["strided", "repeated"])
+@pytest.mark.parametrize("layout", ["strided", "expanded", "repeated"])
 def test_gather_sorted_unusual_layouts(layout):
-    """Sorted indices with x a strided view (every other row of a larger x), or
-    repeated by x's batch (2, 128) broadcast against them: the pairs are not the
-    grouped GEMM's contiguous, sorted rows as they come."""
+    """Sorted indices with x a strided view (every other row of a larger x), x
+    from expand_dims (its axis of 1 has stride 1), or sorted indices repeated by
+    x's batch (2, 128) broadcast against them: not the grouped GEMM's contiguous,
+    sorted rows as they come."""
     E, N, K = 8, 64, 256
     w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
     rhs = mx.array(np.sort(np.random.default_rng(5).integers(0, E, 128)).astype(np.uint32))
     if layout == "strided":
         x = mx.random.normal((256, 1, K)).astype(mx.bfloat16)[::2]
+        lhs = mx.arange(128, dtype=mx.uint32)
+        pairs_rhs = rhs
+    elif layout == "expanded":
+        x = mx.expand_dims(mx.random.normal((128, K)).astype(mx.bfloat16), 1)
+        mx.eval(x)
         lhs = mx.arange(128, dtype=mx.uint32)
         pairs_rhs = rhs
     else:

@@ -168,6 +168,17 @@ def test_gather_unsorted_routes(mode):
     check_gather(x, w_q, scales, mx.array(rhs.astype(np.uint32)), mode)
 
 
+def test_gather_sorted_expanded_x():
+    """x from expand_dims, its axis of 1 of stride 1 (the graph gives x fresh
+    strides for MLX's grouped GEMM)."""
+    E, N, K = 4, 32, 64
+    w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
+    x = mx.expand_dims(mx.random.normal((7, K)), 1)
+    mx.eval(x)
+    rhs = mx.array([0, 0, 1, 2, 3, 3, 5], dtype=mx.uint32)
+    check_gather(x, w_q, scales, rhs, sorted_indices=True)
+
+
 def test_gather_sorted_indices_repeated_by_x_batch():
     """x's batch (2, 5) against sorted indices (5,): not sorted pairs, so sorted
     first."""

@@ -113,9 +113,13 @@ std::optional<mx::array> dequantized_gather(
   }
   auto dense = dequantized_weights(
       w, scales, expert_scales, mode, group_size, x.dtype(), stream);
-  // Row-contiguous: MLX's CUDA gather_mm takes a 3-D x's batch stride to be
-  // its matrix size.
-  auto x_rows = readable_in_place_copy(x, stream);
+  // Row-contiguous with the strides of a fresh array (a reshape's): MLX's
+  // grouped GEMM takes x's batch stride to be K and its stride over M (an
+  // axis of 1, which expand_dims gives stride 1) to be the rows' stride.
+  auto x_rows = mx::reshape(
+      mx::flatten(readable_in_place_copy(x, stream), -2, -1, stream),
+      x.shape(),
+      stream);
   if (transpose) {
     dense = mx::swapaxes(dense, -1, -2, stream);
   }

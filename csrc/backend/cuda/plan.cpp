@@ -224,23 +224,25 @@ GatherRows gather_rows(
     int64_t experts,
     int x_itemsize,
     bool sorted_pairs) {
+  constexpr int64_t k2to31 = int64_t(1) << 31;
+  constexpr int64_t k2to32 = int64_t(1) << 32;
   const int64_t dense_bytes = experts * N * K * x_itemsize;
   const int64_t row_bytes = std::max(N, K) * x_itemsize;
   return GatherRows{
-      pairs,
       pairs * M,
       experts,
       dense_bytes,
       M == 1 && experts <= kGroupedGemmMaxExperts &&
-          dense_bytes <= kGatherMaxDenseBytes &&
-          pairs * row_bytes <= (int64_t(1) << 32),
-      sorted_pairs && x_matrices == pairs};
+          dense_bytes <= kGatherMaxDenseBytes && pairs * row_bytes <= k2to32,
+      sorted_pairs && x_matrices == pairs,
+      pairs <= kMaxGridZ && pairs * M * N < k2to31 &&
+          x_matrices * M * K < k2to32 && experts * N * K < k2to32};
 }
 
 bool gather_dequantize_then_matmul(
     const GatherRows& gather, KernelRequest request) {
   if (request == KernelRequest::dequantize) {
-    return gather.grouped || gather.pairs <= kMaxGridZ;
+    return gather.grouped || gather.other_kernels;
   }
   return request == KernelRequest::automatic && gather.grouped &&
          gather.rows >= kGatherRowsPerExpert * gather.experts;

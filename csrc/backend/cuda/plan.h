@@ -59,15 +59,16 @@ bool dequantize_then_matmul(int64_t M, KernelRequest request);
 // sorted by expert with x in pair order (the op sorts the pairs on the
 // device when they do not come so), up to kGroupedGemmMaxExperts experts,
 // and offsets its pointers in 32-bit arithmetic: an expert's start in
-// signed, a pair's row of x and of y in unsigned bytes. Its other kernel
-// puts the pairs on a grid axis (at most kMaxGridZ of them).
+// signed, a pair's row of x and of y in unsigned bytes. Its other kernels
+// put the pairs on a grid axis (at most kMaxGridZ of them) and offset y by
+// pairs in signed, x and W by matrices in unsigned 32-bit elements.
 struct GatherRows {
-  int64_t pairs;
   int64_t rows;         // pairs times M
   int64_t experts;      // matrices of W
   int64_t dense_bytes;  // the experts dequantized
   bool grouped;         // the grouped GEMM takes it
   bool in_order;        // sorted pairs, x in pair order: no sort needed
+  bool other_kernels;   // MLX's other gather_mm kernels take it
 };
 // sorted_pairs: the caller says the pairs' indices are sorted (sorted
 // indices that no broadcast repeats).

@@ -253,7 +253,7 @@ void FpDequantize::eval_gpu(
     args.global_scale = mx::gpu_ptr<float>(inputs[2]);
     args.w_matrices = static_cast<int>(inputs[2].size());
   }
-  if (rows % args.w_matrices != 0) {
+  if (args.w_matrices == 0 || rows % args.w_matrices != 0) {
     throw std::logic_error(
         "[FpDequantize] one global scale, or one per matrix of w.");
   }

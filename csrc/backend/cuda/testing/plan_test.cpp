@@ -232,8 +232,11 @@ int main() {
           cu::gather_dequantize_then_matmul(
               moe(65535, 2, 65535, true), KernelRequest::dequantize) &&
           !cu::gather_dequantize_then_matmul(
-              moe(65536, 2, 65536, true), KernelRequest::dequantize),
-      "gather: requests");
+              moe(65536, 2, 65536, true), KernelRequest::dequantize) &&
+          !cu::gather_dequantize_then_matmul(
+              cu::gather_rows(65535, 16, 4096, 4096, 65535, 8, 2, false),
+              KernelRequest::dequantize),
+      "gather: requests, within MLX's other kernels' grid and 32-bit offsets");
   auto many = cu::plan(
       problem(Mode::mxfp4, true, 4096, 4096, 4096),
       h200,
