@@ -253,3 +253,31 @@ def test_gather_gradient_with_respect_to_x(sorted_indices):
         got = mx.grad(loss)(x)
     assert "GatherMM" in graph_nodes(y)
     np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-5, atol=1e-5)
+
+
+def test_mlx_lm_moe_prefill_through_the_graph():
+    """A Qwen3-MoE prompt of 48 tokens (mlx-lm sorts its 96 pairs): the graph's
+    logits as the primitive's."""
+    qwen3_moe = pytest.importorskip("mlx_lm.models.qwen3_moe")
+    args = qwen3_moe.ModelArgs(
+        model_type="qwen3_moe", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=256,
+        head_dim=32, rope_theta=10000.0, tie_word_embeddings=False,
+        max_position_embeddings=512, num_experts=4, num_experts_per_tok=2,
+        decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=64,
+        norm_topk_prob=True,
+    )  # fmt: skip
+    model = qwen3_moe.Model(args)
+    mlx_fpqmm.nn.quantize(
+        model,
+        mode="mxfp4",
+        class_predicate=lambda path, m: hasattr(m, "to_quantized") and not path.endswith(".gate"),
+    )
+    mx.eval(model.parameters())
+    prompt = mx.array(np.random.default_rng(0).integers(0, 256, (1, 48)))
+    expected = model(prompt)
+    with dequantize_on_cpu():
+        logits = model(prompt)
+    assert "GatherMM" in graph_nodes(logits)
+    scale = float(mx.abs(expected).max())
+    assert float(mx.abs(logits - expected).max()) < 1e-5 * scale
