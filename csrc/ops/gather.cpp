@@ -36,23 +36,16 @@ mx::array index_array(
   return mx::astype(*indices, mx::uint32, s);
 }
 
-// gather_mm(x, w, default lhs, rhs_indices) for pairs of one row (x (...,
+// gather_mm(x, w, lhs_indices, rhs_indices) for pairs of one row (x (...,
 // 1, K)) as MLX's grouped GEMM: on the pairs sorted by expert.
 mx::array sorted_gather_mm(
     const mx::array& x,
     const mx::array& w,
+    const mx::array& lhs_indices,
     const mx::array& rhs_indices,
     mx::Stream stream) {
   const auto pairs_shape = rhs_indices.shape();
-  const int K = x.shape(-1);
-  auto x_rows = mx::reshape(x, {-1, 1, K}, stream);
-  auto lhs_indices = mx::broadcast_to(
-      mx::reshape(
-          mx::arange(x_rows.shape(0), mx::uint32, stream),
-          batch_shape(x),
-          stream),
-      pairs_shape,
-      stream);
+  auto x_rows = mx::reshape(x, {-1, 1, x.shape(-1)}, stream);
   auto experts = mx::flatten(rhs_indices, stream);
   auto order = mx::argsort(experts, stream);
   auto rows = mx::take(
@@ -77,11 +70,15 @@ mx::array sorted_gather_mm(
 // put back. Pairs with an index out of range are NaN, as the primitive makes
 // them; the product runs on indices clamped to the last expert, so that
 // nothing reads past the arrays and sorted indices stay sorted.
+// lhs_indices: the default ones (x's batch), broadcast with rhs_indices; N:
+// the product's.
 std::optional<mx::array> dequantized_gather(
     const mx::array& x,
     const mx::array& w,
     const mx::array& scales,
+    const mx::array& lhs_indices,
     const mx::array& rhs_indices,
+    int N,
     const std::optional<mx::array>& expert_scales,
     Mode mode,
     int group_size,
@@ -95,8 +92,6 @@ std::optional<mx::array> dequantized_gather(
   const int64_t experts = matrix_count(w);
   const int M = x.shape(-2);
   const int K = x.shape(-1);
-  const int N = transpose ? w.shape(-2)
-                          : w.shape(-1) * format_for(mode).elements_per_word();
   const auto gather = cuda::gather_rows(
       pairs,
       M,
@@ -127,7 +122,7 @@ std::optional<mx::array> dequantized_gather(
   auto clamped = mx::minimum(rhs_indices, last, stream);
   mx::array y =
       gather.grouped && !gather.in_order
-          ? sorted_gather_mm(x_rows, dense, clamped, stream)
+          ? sorted_gather_mm(x_rows, dense, lhs_indices, clamped, stream)
           : mx::gather_mm(
                 x_rows, dense, std::nullopt, clamped, gather.grouped, stream);
   auto valid = mx::less_equal(rhs_indices, last, stream);
@@ -219,7 +214,9 @@ mx::array gather_qmm(
             x,
             w,
             scales,
+            indices[0],
             indices[1],
+            transpose ? w.shape(-2) : quantized_length,
             expert_scales,
             format.mode,
             resolved_group_size,
