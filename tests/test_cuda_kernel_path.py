@@ -1,7 +1,7 @@
 """The CUDA plan as kernel_path shows it for a named compute capability: no GPU
 needed. Which rows take the decode kernels, the simple path and dequantize +
-matmul (or, for a gather, dequantize + gather_mm), and what forcing a path
-does."""
+matmul (or, for a gather, the pairs grouped by expert or dequantize +
+gather_mm), and what forcing a path does."""
 
 import sys
 
@@ -83,9 +83,9 @@ def gather_path(
     )
 
 
-@pytest.mark.parametrize("pairs, expected", [(255, "qmv"), (256, "dequantize_matmul")])
+@pytest.mark.parametrize("pairs, expected", [(6143, "grouped"), (6144, "dequantize_matmul")])
 @pytest.mark.parametrize("sorted_indices", [True, False], ids=["sorted", "unsorted"])
-def test_gather_dequantizes_from_8_rows_an_expert(pairs, expected, sorted_indices):
+def test_gather_dequantizes_from_192_rows_an_expert(pairs, expected, sorted_indices):
     plan = gather_path(pairs, sorted_indices=sorted_indices)
     assert plan["path"] == expected, plan["note"]
     if expected == "dequantize_matmul":
@@ -100,29 +100,30 @@ def test_gather_dequantizes_from_8_rows_an_expert(pairs, expected, sorted_indice
     [
         dict(M=2),  # the grouped GEMM takes one row per pair
         dict(lhs=True),  # the op keeps the primitive with lhs_indices
-        dict(experts=1025, pairs=8192),  # past MLX's grouped GEMM's 1024 groups
+        dict(experts=1025, pairs=1025 * 192),  # past MLX's grouped GEMM's 1024 groups
         # Every expert dequantized would be 160 * 1536 * 5120 * 2 bytes: past the
         # grouped GEMM's 2 GiB.
-        dict(experts=160, pairs=4096, NK=(1536, 5120)),
+        dict(experts=160, pairs=160 * 192, NK=(1536, 5120)),
     ],
     ids=["rows", "lhs", "experts", "bytes"],
 )
 def test_gather_keeps_the_kernels(case):
-    case = {"pairs": 1024, **case}
+    case = {"pairs": 8192, **case}  # 256 rows an expert: dequantized otherwise
+    assert gather_path(8192)["path"] == "dequantize_matmul"
     assert gather_path(**case)["path"] != "dequantize_matmul"
 
 
 def test_sorted_indices_repeated_by_a_broadcast_are_sorted_first():
-    """x's batch (2, 256) against sorted indices (256,): the pairs' indices run
+    """x's batch (2, 4096) against sorted indices (4096,): the pairs' indices run
     through them twice, so they are not sorted pairs."""
     w = mx.zeros((32, 2880, 2880 // 8), mx.uint32)
     scales = mx.zeros((32, 2880, 2880 // 32), mx.uint8)
     plan = mlx_fpqmm.kernel_path(
-        mx.zeros((2, 256, 1, 2880)),
+        mx.zeros((2, 4096, 1, 2880)),
         w,
         scales,
         mode="mxfp4",
-        rhs_indices=mx.sort(mx.arange(256) % 32).astype(mx.uint32),
+        rhs_indices=mx.sort(mx.arange(4096) % 32).astype(mx.uint32),
         sorted_indices=True,
         device="sm_90",
     )
@@ -136,3 +137,33 @@ def test_gather_dequantize_request():
     big = gather_path(65536, M=2, kernel="dequantize", NK=(64, 64))
     assert big["path"] != "dequantize_matmul"
     assert gather_path(4096, kernel="simple")["path"] != "dequantize_matmul"
+
+
+@pytest.mark.parametrize(
+    "pairs, expected", [(4, "qmv"), (7, "qmv"), (8, "grouped"), (64, "grouped")]
+)
+def test_gather_groups_pairs_by_expert_from_8_pairs(pairs, expected):
+    """Pairs of one row each: below 8 the per-pair decode kernels, then grouped
+    by expert: the grouping launch first, then a block per 16 W rows and run."""
+    plan = gather_path(pairs, sorted_indices=False)
+    assert plan["path"] == expected, plan["note"]
+    if expected == "qmv":
+        assert plan["grouping"] is None and plan["grouping_bytes"] == 0
+        return
+    assert plan["kernel"] == "fpqmm_qmv_grouped_e2m1_e8m0_float32_x16"
+    runs = -(-pairs // 16) + min(33, pairs)
+    # float32 x: 32 W rows a block.
+    assert plan["grid"] == (2880 // 32, runs, 1)
+    assert plan["grouping"]["kernel"] == "fpqmm_group_pairs"
+    assert plan["grouping"]["grid"] == (1, 1, 1)
+    assert plan["grouping_bytes"] == 16 + 16 * runs + 4 * pairs
+
+
+def test_gather_grouped_requests():
+    assert gather_path(64, kernel="qmv")["path"] == "qmv"
+    assert gather_path(4, kernel="grouped")["path"] == "grouped"
+    # Two rows a pair: the grouped kernel takes one.
+    plan = gather_path(64, M=2, kernel="grouped")
+    assert plan["path"] == "qmv"
+    assert plan["note"].startswith("grouped requested, not taken: M=2 rows per pair")
+    assert gather_path(64, kernel="grouped", lhs=True)["path"] == "grouped"

@@ -58,7 +58,7 @@ TF32_TOLERANCE = 2e-3
 
 # A sorted gather in mlx-lm's layout takes dequantize + gather_mm from this many
 # rows an expert.
-GATHER_ROWS_PER_EXPERT = 8
+GATHER_ROWS_PER_EXPERT = 192
 
 
 def bound(dtype, planned_dequantize):
@@ -229,7 +229,7 @@ def test_gather_sorted_mlx_lm_layout(pairs):
 @pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
 @pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
-@pytest.mark.parametrize("kernel", ["auto", "simple", "dequantize"])
+@pytest.mark.parametrize("kernel", ["auto", "simple", "dequantize", "grouped"])
 def test_gather_sorted_many_rows_each_path(mode, dtype, transpose, kernel, monkeypatch):
     """256 sorted pairs over 8 experts (dequantize + gather_mm by default), the
     last two past the experts: NaN rows, the others against the reference."""
@@ -333,7 +333,7 @@ def test_gather_unsorted_routes_dequantize_request(dtype, monkeypatch):
     assert relative_error(mx.array(y[valid]), reference) < bound(dtype, True)
 
 
-@pytest.mark.parametrize("kernel", ["auto", "simple"])
+@pytest.mark.parametrize("kernel", ["auto", "simple", "grouped"])
 def test_gather_16384_tokens_top_4(kernel, monkeypatch):
     """65,536 sorted pairs: more than a grid axis of the per-pair kernels holds."""
     monkeypatch.setenv("MLX_FPQMM_KERNEL", kernel)
@@ -373,6 +373,50 @@ def test_gather_out_of_range_indices_give_nan_rows(kernel, monkeypatch):
     assert np.isnan(y[1]).all() and np.isnan(y[2]).all()
     np.testing.assert_array_equal(np.isnan(y), np.isnan(on_cpu))
     np.testing.assert_allclose(y[[0, 3]], on_cpu[[0, 3]], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
+@pytest.mark.parametrize("kernel", ["grouped", "qmv"])
+def test_gather_grouped_unsorted_routes(mode, dtype, kernel, monkeypatch):
+    """Unsorted routes of 37 tokens, top 3 of 6 experts, some out of range (NaN
+    rows): grouped by expert (runs of 16 and a partial run per expert) and
+    per pair; N not a multiple of the 16 W rows of a block."""
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", kernel)
+    E, N, K, tokens = 6, 200, 8 * DEFAULT_GROUP_SIZE[mode], 37
+    w_q, scales, _ = quantized_experts(mode, E, N, K)
+    rng = np.random.default_rng(11)
+    rhs = np.stack([rng.permutation(E + 1)[:3] for _ in range(tokens)]).astype(np.uint32)
+    x = mx.random.normal((tokens, 1, 1, K)).astype(dtype)
+    y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=mx.array(rhs), mode=mode, stream=GPU)
+    y = np.array(y.astype(mx.float32))
+    valid = rhs < E
+    assert np.isnan(y[~valid]).all() and not np.isnan(y[valid]).any()
+    lhs = np.broadcast_to(np.arange(tokens)[:, None], rhs.shape)
+    reference = gather_reference(x.reshape(tokens, 1, K), w_q, scales, lhs[valid], rhs[valid], mode)
+    assert relative_error(mx.array(y[valid]), reference) < TOLERANCE[dtype]
+
+
+def test_gather_grouped_out_of_range_lhs_indices(monkeypatch):
+    """lhs_indices past x's matrices make NaN rows inside a run of an expert."""
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", "grouped")
+    E, N, K = 4, 64, 128
+    w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
+    x = mx.random.normal((5, 1, K))
+    lhs = mx.array([0, 7, 2, 1, 4, 4, 9, 3, 2, 0], dtype=mx.uint32)
+    rhs = mx.array([1, 1, 9, 3, 2, 1, 1, 0, 1, 1], dtype=mx.uint32)
+
+    def gather(stream):
+        y = mlx_fpqmm.gather_qmm(
+            x, w_q, scales, lhs_indices=lhs, rhs_indices=rhs, mode="mxfp4", stream=stream
+        )
+        return np.array(y)
+
+    y, on_cpu = gather(GPU), gather(mx.cpu)
+    nan_rows = np.isnan(y).all(axis=(1, 2))
+    np.testing.assert_array_equal(nan_rows, [0, 1, 1, 0, 0, 0, 1, 0, 0, 0])
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(on_cpu))
+    np.testing.assert_allclose(y[~nan_rows], on_cpu[~nan_rows], rtol=1e-4, atol=1e-4)
 
 
 def test_more_than_2_to_the_31_weight_elements():

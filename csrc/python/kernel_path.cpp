@@ -313,7 +313,7 @@ nb::dict cuda_plan_dict(
       throw std::invalid_argument(
           "kernel='" + *kernel +
           "' is not one of 'auto', 'qmv', 'simple', 'qmv_staged', "
-          "'dequantize'.");
+          "'dequantize', 'grouped'.");
     }
     request = *named;
   }
@@ -364,6 +364,9 @@ nb::dict cuda_plan_dict(
   result["partials_bytes"] = plan.partials_bytes;
   result["reduction"] =
       plan.reduction ? nb::object(launch_dict(*plan.reduction)) : nb::none();
+  result["grouping"] =
+      plan.grouping ? nb::object(launch_dict(*plan.grouping)) : nb::none();
+  result["grouping_bytes"] = plan.grouping_bytes;
   result["batch_count"] = plan.batch_count;
   return result;
 }
@@ -584,7 +587,7 @@ void register_metal_bindings(nb::module_& m) {
               installed it.
             kernel (str, optional): Metal: ``"auto"``, ``"qmv"``, ``"mma"``
               or ``"nax"``; CUDA: ``"auto"``, ``"qmv"``, ``"simple"``,
-              ``"qmv_staged"`` or ``"dequantize"``.
+              ``"qmv_staged"``, ``"dequantize"`` or ``"grouped"``.
               Default: ``MLX_FPQMM_KERNEL`` or ``"auto"``.
 
         Returns:
@@ -599,7 +602,10 @@ void register_metal_bindings(nb::module_& m) {
             ``split_k``, ``splits_in_cluster`` (the splits of K add up in a
             thread block cluster, sm_90 and later),
             ``partials_bytes``, ``reduction`` (the split-K sum launch, or
-            ``None``) and ``batch_count``; for path ``"dequantize_matmul"``
+            ``None``), ``grouping`` and ``grouping_bytes`` (path
+            ``"grouped"``: the launch that groups the pairs by expert
+            before the main kernel, and its scratch; else ``None`` and 0)
+            and ``batch_count``; for path ``"dequantize_matmul"``
             (many rows of x: W dequantized in x's type by ``kernel``, then
             MLX's matmul) ``path``, ``requested``, ``note``, ``kernel``,
             ``output_shape``, and of the CUDA keys only ``device``,

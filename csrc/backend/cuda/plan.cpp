@@ -34,8 +34,8 @@ std::string_view encoding_name(ScaleEncoding encoding) {
 }
 
 std::string kernel_name(const KernelKey& key) {
-  constexpr std::array<std::string_view, 5> families = {
-      "qmv", "qmv_staged", "qvm", "qmv_cluster", "dequantize"};
+  constexpr std::array<std::string_view, 6> families = {
+      "qmv", "qmv_staged", "qvm", "qmv_cluster", "dequantize", "qmv_grouped"};
   std::string name = "fpqmm_" +
                      std::string(families[static_cast<size_t>(key.family)]) +
                      "_" + std::string(codes_name(key.bits)) + "_" +
@@ -202,11 +202,63 @@ std::string staged_reason(const QmmProblem& p, const Format& format) {
   return "";
 }
 
+// Why the grouped path cannot take a problem; empty when it can.
+std::string grouped_reason(
+    const QmmProblem& p, const Format& format, int64_t pairs) {
+  if (!p.gather) {
+    return "not a gather";
+  }
+  if (!p.transpose) {
+    return "x @ W (the grouped kernel is x @ W^T's)";
+  }
+  if (p.M != 1) {
+    return "M=" + std::to_string(p.M) + " rows per pair";
+  }
+  if (p.w_matrices > fc::kGroupMaxExperts) {
+    return std::to_string(p.w_matrices) + " experts (at most " +
+           std::to_string(fc::kGroupMaxExperts) + ")";
+  }
+  if (pairs > fc::kGroupMaxPairs) {
+    return std::to_string(pairs) + " pairs (at most 2^28)";
+  }
+  return staged_reason(p, format);
+}
+
+// The grouped path's launches and scratch: fp_group_pairs, then a block of
+// fp_qmv_grouped per tile of W rows and run (the grid's y loops past its
+// limit).
+void plan_grouped(const QmmProblem& p, const Format& format, KernelPlan& plan) {
+  const bool bfloat16_x = p.x_type == FloatType::bfloat16;
+  plan.key = KernelKey{
+      KernelFamily::qmv_grouped,
+      format.bits,
+      scale_encoding(p.mode, p.scale_type),
+      p.x_type,
+      fc::kMaxXBlocks};
+  const int64_t runs = fc::max_pair_runs(plan.batch_count, p.w_matrices);
+  plan.max_runs = static_cast<int>(runs);
+  plan.main = Launch{
+      kernel_name(plan.key),
+      {static_cast<int>(ceil_div(p.N, fc::qmv_rows_per_block(bfloat16_x))),
+       static_cast<int>(std::min<int64_t>(runs, kMaxGridYZ)),
+       1},
+      {fc::kQmvWarps * fc::kWarpSize, 1, 1},
+      fc::qmv_shared_bytes(bfloat16_x, fc::kMaxXBlocks)};
+  plan.grouping = Launch{
+      "fpqmm_group_pairs",
+      {1, 1, 1},
+      {fc::kGroupThreads, 1, 1},
+      fc::kGroupSharedBytes};
+  plan.grouping_bytes = 16 + runs * int64_t(sizeof(fc::PairRun)) +
+                        plan.batch_count * int64_t(sizeof(uint32_t));
+  plan.split_k_step = p.K;
+}
+
 }  // namespace
 
 std::string_view path_name(KernelPath path) {
-  constexpr std::array<std::string_view, 4> names = {
-      "qmv", "qvm", "simple", "dequantize_matmul"};
+  constexpr std::array<std::string_view, 5> names = {
+      "qmv", "qvm", "simple", "dequantize_matmul", "grouped"};
   return names[static_cast<size_t>(path)];
 }
 
@@ -250,12 +302,13 @@ bool gather_dequantize_then_matmul(
 
 namespace {
 
-constexpr RequestNames<KernelRequest, 5> kRequestNames = {
+constexpr RequestNames<KernelRequest, 6> kRequestNames = {
     {{"auto", KernelRequest::automatic},
      {"qmv", KernelRequest::decode},
      {"simple", KernelRequest::simple},
      {"qmv_staged", KernelRequest::staged},
-     {"dequantize", KernelRequest::dequantize}}};
+     {"dequantize", KernelRequest::dequantize},
+     {"grouped", KernelRequest::grouped}}};
 
 }  // namespace
 
@@ -331,6 +384,22 @@ KernelPlan plan(
 
   const std::string rows = "M=" + std::to_string(p.M);
   const bool decode_rows = p.M <= kDecodeRows;
+  const std::string why_not_grouped =
+      grouped_reason(p, format, plan.batch_count);
+  if (why_not_grouped.empty() && (request == KernelRequest::grouped ||
+                                  (request == KernelRequest::automatic &&
+                                   plan.batch_count >= kGroupedMinPairs))) {
+    plan.path = KernelPath::grouped;
+    plan.note = request == KernelRequest::grouped
+                    ? "grouped requested"
+                    : std::to_string(plan.batch_count) +
+                          " pairs of one row (at least " +
+                          std::to_string(kGroupedMinPairs) +
+                          "): grouped by expert, W read once per run of " +
+                          std::to_string(fc::kGroupRows);
+    plan_grouped(p, format, plan);
+    return plan;
+  }
   switch (request) {
     case KernelRequest::decode:
     case KernelRequest::staged:
@@ -343,6 +412,7 @@ KernelPlan plan(
       break;
     case KernelRequest::automatic:
     case KernelRequest::dequantize:
+    case KernelRequest::grouped:
       plan.path = !decode_rows  ? KernelPath::simple
                   : p.transpose ? KernelPath::qmv
                                 : KernelPath::qvm;
@@ -352,6 +422,10 @@ KernelPlan plan(
                     std::to_string(kDecodeRows) + ")"
               : rows + " is above the decode range: the decode kernels tiled " +
                     "over M";
+      if (request == KernelRequest::grouped) {
+        plan.note = "grouped requested, not taken: " + why_not_grouped + "; " +
+                    plan.note;
+      }
       if (!p.gather && dequantize_then_matmul(p.M, request)) {
         plan.note +=
             " (the op multiplies by dequantize + matmul here; this "

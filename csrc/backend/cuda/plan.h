@@ -36,8 +36,17 @@ inline constexpr int kMinimumMajor = 8;
 // dequantize_matmul: above kSimpleRows the op builds x @ dequantize(w)
 // instead of the primitive: W in x's type by our FpDequantize, the product
 // by MLX's matmul (cuBLAS).
-enum class KernelPath { qmv, qvm, simple, dequantize_matmul };
-enum class KernelRequest { automatic, decode, simple, staged, dequantize };
+// grouped: a gather of one row per pair, the pairs grouped by expert first
+// (fp_group_pairs) and each expert's run multiplied by fp_qmv_grouped.
+enum class KernelPath { qmv, qvm, simple, dequantize_matmul, grouped };
+enum class KernelRequest {
+  automatic,
+  decode,
+  simple,
+  staged,
+  dequantize,
+  grouped
+};
 
 inline constexpr int kDecodeRows =
     fpqmm::cuda::kMaxXBlocks * fpqmm::cuda::kXBlockRows;
@@ -47,6 +56,11 @@ inline constexpr int kDecodeRows =
 // mxfp4 64.6 / 89.8 us, nvfp4 71.7 / 93.4, mxfp8 91.2 / 130.5; M = 48 98.7 /
 // 88.9, 99.5 / 100.4, 131.6 / 121.1.
 inline constexpr int kSimpleRows = 40;
+
+// A gather whose pairs are one row each takes the grouped path from this
+// many pairs (below it the experts seldom repeat: the per-pair decode
+// kernels read the same bytes without the grouping kernel).
+inline constexpr int64_t kGroupedMinPairs = 8;
 
 // Whether the op multiplies M rows of x per W matrix (not a gather) by
 // dequantize + matmul rather than with the primitive: above kSimpleRows
@@ -84,12 +98,11 @@ GatherRows gather_rows(
 
 inline constexpr int kGroupedGemmMaxExperts = 1024;
 inline constexpr int64_t kMaxGridZ = 65535;
-// Not measured yet: an estimate. Dequantizing every expert (32 of 2880 x
-// 2880: 0.53 GB written, then read by the GEMM, in bfloat16: about 350 us
-// at the H200's bandwidth) against the decode kernels, which read a routed
-// expert (4.1 MB of mxfp4) per pair (8 tokens' 32 pairs: 125 us): about even
-// at 4 rows per expert.
-inline constexpr int kGatherRowsPerExpert = 8;
+// Measured on the H200 (README), 32 experts of 2880 x 2880, top 4, mxfp4,
+// the grouped path / dequantize + gather_mm: 128 tokens (16 rows an expert)
+// 228 / 1109 us, 2048 tokens (256) 2169 / 1977, 8192 tokens (1024) 8326 /
+// 5651: even at about 1,700 tokens.
+inline constexpr int kGatherRowsPerExpert = 192;
 // The transient copy of the experts stays below this (a DeepSeek-V3 layer's
 // 256 experts of 7168 x 2048 would take 7.5 GB), which also keeps the
 // grouped GEMM's expert offsets within 2^31 bytes.
@@ -105,17 +118,26 @@ bool gather_dequantize_then_matmul(
 std::string_view path_name(KernelPath path);
 std::optional<KernelRequest> kernel_request_from_name(std::string_view name);
 std::string_view request_name(KernelRequest request);  // "auto", ...
-// MLX_FPQMM_KERNEL=auto|qmv|simple|qmv_staged|dequantize (unset: auto; qmv
-// asks for the decode kernels of either orientation, qmv_staged for x @
-// W^T's kernel that stages W in shared memory); throws on other values.
+// MLX_FPQMM_KERNEL=auto|qmv|simple|qmv_staged|dequantize|grouped (unset:
+// auto; qmv asks for the decode kernels of either orientation, per gather
+// pair, qmv_staged for x @ W^T's kernel that stages W in shared memory,
+// grouped for the grouped gather where it runs); throws on other values.
 KernelRequest kernel_request_from_env();
 
 // The main kernel and its template arguments: fp_qmv<T, bits, encoding,
 // x_blocks>, fp_qmv_staged<...>, fp_qvm<T, bits, encoding> (x_blocks 0),
 // fp_qmv_cluster<T, bits, encoding, x_blocks> (fp_qmv with K split over a
-// thread block cluster, sm_90) or FpDequantize's fp_dequantize<T, bits,
-// encoding> (T the output's type, x_blocks 0).
-enum class KernelFamily { qmv, qmv_staged, qvm, qmv_cluster, dequantize };
+// thread block cluster, sm_90), fp_qmv_grouped<T, bits, encoding> (x_blocks
+// kMaxXBlocks) or FpDequantize's fp_dequantize<T, bits, encoding> (T the
+// output's type, x_blocks 0).
+enum class KernelFamily {
+  qmv,
+  qmv_staged,
+  qvm,
+  qmv_cluster,
+  dequantize,
+  qmv_grouped
+};
 
 struct KernelKey {
   KernelFamily family;
@@ -149,6 +171,12 @@ struct KernelPlan {
   int split_k_step = 0;  // codes of K per split
   int64_t partials_bytes = 0;
   std::optional<Launch> reduction;
+  // The grouped path: `grouping` (fp_group_pairs) runs first and writes
+  // grouping_bytes of scratch: the run count (16 bytes), max_runs runs, the
+  // pairs' order.
+  std::optional<Launch> grouping;
+  int64_t grouping_bytes = 0;
+  int max_runs = 0;
   // The batch axes the kernels walk: the problem's, with axes that are
   // contiguous in x, w and scales alike folded together.
   std::vector<int> batch_shape;

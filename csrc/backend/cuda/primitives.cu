@@ -140,6 +140,22 @@ void run(
     encoder.set_input_array(a);
   }
   const void* main = fc::main_kernel(plan.key);
+  if (plan.grouping) {
+    mx::array scratch(
+        {static_cast<int>(plan.grouping_bytes / sizeof(uint32_t))},
+        mx::uint32,
+        nullptr,
+        {});
+    scratch.set_data(cuda::device_malloc(scratch.nbytes(), encoder));
+    encoder.add_temporary(scratch);
+    auto* words = mx::gpu_ptr<uint32_t>(scratch);
+    args.run_count = words;
+    args.pair_runs = reinterpret_cast<fc::PairRun*>(words + 4);
+    args.pair_order = words + 4 + plan.max_runs * sizeof(fc::PairRun) / 4;
+    encoder.set_output_array(scratch);
+    add_launch(encoder, *plan.grouping, fc::group_pairs_kernel(), args);
+    encoder.set_input_array(scratch);
+  }
   if (!plan.reduction) {
     encoder.set_output_array(out);
     add_launch(encoder, plan.main, main, args);

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "backend/cuda/kernels/fp_group_pairs.cuh"
 #include "backend/cuda/kernels/kernel_for.cuh"
 
 namespace fpqmm::cuda {
@@ -54,6 +55,10 @@ const void* split_k_sum_kernel(mlx_fpqmm::FloatType type) {
     kernel = reinterpret_cast<const void*>(&fp_split_k_sum<decltype(x)>);
   });
   return kernel;
+}
+
+const void* group_pairs_kernel() {
+  return reinterpret_cast<const void*>(&fp_group_pairs);
 }
 
 }  // namespace fpqmm::cuda

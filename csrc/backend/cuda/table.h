@@ -11,5 +11,6 @@ namespace fpqmm::cuda {
 // Throws std::invalid_argument for a key no format has.
 const void* main_kernel(const mlx_fpqmm::cuda::KernelKey& key);
 const void* split_k_sum_kernel(mlx_fpqmm::FloatType type);
+const void* group_pairs_kernel();
 
 }  // namespace fpqmm::cuda

@@ -77,8 +77,14 @@ __device__ __forceinline__ void add_up_in_cluster(
 // m0): they meet in shared memory `reduction` (warps * tiles * x_blocks * 4
 // * 32 floats, free for this use), and the totals, times `factor`, go to y
 // or, with split K, to the float32 partials or (splits_in_cluster) to the
-// other splits of the block's cluster, which add up into y.
-template <int warps, int tiles, int x_blocks, typename T>
+// other splits of the block's cluster, which add up into y; `rows` places
+// x row m in y (and makes it NaN where not valid).
+template <
+    int warps,
+    int tiles,
+    int x_blocks,
+    typename T,
+    typename Rows = ContiguousRows>
 __device__ __forceinline__ void store_block_sums(
     const float (&sums)[tiles][x_blocks][4],
     float* reduction,
@@ -89,7 +95,8 @@ __device__ __forceinline__ void store_block_sums(
     float factor,
     T* y,
     float* partials,
-    bool splits_in_cluster = false) {
+    bool splits_in_cluster = false,
+    const Rows& rows = {}) {
   constexpr int values = tiles * x_blocks * 4;
   constexpr int totals = values * kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
@@ -116,10 +123,14 @@ __device__ __forceinline__ void store_block_sums(
     const int n = n0 + t * kTileRows + i / 2 * 8 + owner.group;
     const int m = m0 + b * kXBlockRows + 2 * owner.thread + i % 2;
     if (m < M && n < N) {
+      const int64_t r = rows.y(m);
+      if (!rows.valid(m)) {
+        total = quiet_nan();
+      }
       if (partials) {
-        partials[int64_t(m) * N + n] = total;
+        partials[r * N + n] = total;
       } else {
-        y[int64_t(m) * N + n] = static_cast<T>(total);
+        y[r * N + n] = static_cast<T>(total);
       }
     }
   };

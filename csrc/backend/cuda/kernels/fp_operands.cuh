@@ -68,6 +68,38 @@ __device__ __forceinline__ Operands<T, encoding> batch_operands(
       true};
 }
 
+// Where the rows of a block's x and y are: ContiguousRows, row m of the
+// product's matrices; GatheredRows, a run of gather pairs of one row each
+// (pair order[m]: x row lhs_indices[pair], y row pair), whose outputs are
+// NaN where lhs_indices[pair] is out of range.
+struct ContiguousRows {
+  __device__ __forceinline__ int64_t x(int m) const {
+    return m;
+  }
+  __device__ __forceinline__ int64_t y(int m) const {
+    return m;
+  }
+  __device__ __forceinline__ bool valid(int) const {
+    return true;
+  }
+};
+
+struct GatheredRows {
+  const uint32_t* order;
+  const uint32_t* lhs_indices;
+  uint32_t x_matrices;
+
+  __device__ __forceinline__ int64_t x(int m) const {
+    return valid(m) ? lhs_indices[order[m]] : 0;
+  }
+  __device__ __forceinline__ int64_t y(int m) const {
+    return order[m];
+  }
+  __device__ __forceinline__ bool valid(int m) const {
+    return lhs_indices[order[m]] < x_matrices;
+  }
+};
+
 __device__ __forceinline__ float quiet_nan() {
   return __uint_as_float(0x7FC00000u);
 }

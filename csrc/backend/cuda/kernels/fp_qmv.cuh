@@ -117,23 +117,27 @@ __device__ __forceinline__ void x_pair(
 // over K range [k_begin, k_end) of one product: every warp of the block
 // calls it, taking every kQmvWarps-th pass of the quads over K, and the
 // block's sums end in y, in float32 partials with split K, or in the sums
-// of the other splits of its cluster (splits_in_cluster).
+// of the other splits of its cluster (splits_in_cluster). `rows` says where
+// x's and y's rows are; M is the rows' number.
 template <
     typename T,
     int bits,
     int encoding,
     int x_blocks,
-    bool splits_in_cluster>
+    bool splits_in_cluster,
+    typename Rows = ContiguousRows>
 __device__ __forceinline__ void fp_qmv_impl(
     const QmmArgs& args,
     const Operands<T, encoding>& op,
     float* reduction,
+    int M,
     int m0,
     int n0,
     int k_begin,
     int k_end,
     T* y,
-    float* partials) {
+    float* partials,
+    const Rows& rows = {}) {
   using S = typename ScaleStorage<encoding>::type;
   constexpr int tiles = qmv_tiles(std::is_same_v<T, __nv_bfloat16>);
   constexpr int groups = kChunkGroups<bits, encoding>;
@@ -145,7 +149,6 @@ __device__ __forceinline__ void fp_qmv_impl(
   constexpr int x_chunk_words = chunk_codes * int(sizeof(T)) / 4;
   constexpr int x_word_words = word_codes * int(sizeof(T)) / 4;
 
-  const int M = args.M;
   const int N = args.N;
   const int K = args.K;
   const int warp = threadIdx.x / kWarpSize;
@@ -173,6 +176,15 @@ __device__ __forceinline__ void fp_qmv_impl(
     }
   }
   const auto* w_vectors = reinterpret_cast<const uint4*>(op.w);
+  // This lane's row of x in each block of 8 (rows past M count for nothing).
+  int64_t x_offsets[x_blocks];
+  bool x_row_in[x_blocks];
+#pragma unroll
+  for (int b = 0; b < x_blocks; ++b) {
+    const int m = m0 + b * kXBlockRows + lane.group;
+    x_row_in[b] = m < M;
+    x_offsets[b] = x_row_in[b] ? rows.x(m) * K : 0;
+  }
 
   float sums[tiles][x_blocks][4];
 #pragma unroll
@@ -226,10 +238,9 @@ __device__ __forceinline__ void fp_qmv_impl(
     uint32_t x_words[x_blocks][x_chunk_words];
 #pragma unroll
     for (int b = 0; b < x_blocks; ++b) {
-      const int m = m0 + b * kXBlockRows + lane.group;
-      const bool in = chunk_in && m < M;
+      const bool in = chunk_in && x_row_in[b];
       const auto* from =
-          reinterpret_cast<const uint4*>(op.x + int64_t(in ? m : 0) * K + k);
+          reinterpret_cast<const uint4*>(op.x + (in ? x_offsets[b] + k : 0));
 #pragma unroll
       for (int v = 0; v < x_chunk_words / 4; ++v) {
         const uint4 loaded = in ? __ldg(from + v) : uint4{0, 0, 0, 0};
@@ -338,7 +349,8 @@ __device__ __forceinline__ void fp_qmv_impl(
       op.factor * power_of_two(scale_shift<encoding>()),
       y,
       partials,
-      splits_in_cluster);
+      splits_in_cluster,
+      rows);
 }
 
 template <
@@ -361,7 +373,7 @@ __device__ __forceinline__ void fp_qmv_grid(const QmmArgs& args) {
           T* y,
           float* partials) {
         fp_qmv_impl<T, bits, encoding, x_blocks, splits_in_cluster>(
-            args, op, reduction, m0, n0, k_begin, k_end, y, partials);
+            args, op, reduction, args.M, m0, n0, k_begin, k_end, y, partials);
       });
 }
 
@@ -391,5 +403,50 @@ __global__ void __launch_bounds__(
 }
 
 #undef FPQMM_SPLITS_CLUSTER
+
+// fp_qmv over the runs of fp_group_pairs (grid y walks them): each block
+// multiplies a run's rows of x, gathered, by its expert's rows of W.
+template <typename T, int bits, int encoding>
+__global__ void __launch_bounds__(
+    kQmvWarps* kWarpSize,
+    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, kMaxXBlocks))
+    fp_qmv_grouped(const QmmArgs args) {
+  using S = typename ScaleStorage<encoding>::type;
+  extern __shared__ float4 shared_floats[];
+  auto* reduction = reinterpret_cast<float*>(shared_floats);
+  const int64_t w_matrix_words = int64_t(args.N) * args.K * bits / 32;
+  const int64_t scales_matrix = int64_t(args.N) * (args.K / args.group_size);
+  const int n0 =
+      blockIdx.x * qmv_rows_per_block(std::is_same_v<T, __nv_bfloat16>);
+  const uint32_t runs = *args.run_count;
+  for (uint32_t r = blockIdx.y; r < runs; r += gridDim.y) {
+    const PairRun run = args.pair_runs[r];
+    const bool valid = run.expert < uint32_t(args.w_matrices);
+    const int64_t expert = valid ? run.expert : 0;
+    const Operands<T, encoding> op{
+        args.w + expert * w_matrix_words,
+        static_cast<const S*>(args.scales) + expert * scales_matrix,
+        static_cast<const T*>(args.x),
+        global_factor(args.global_scale, expert),
+        valid};
+    const GatheredRows rows{
+        args.pair_order + run.first,
+        args.lhs_indices,
+        uint32_t(args.x_matrices)};
+    fp_qmv_impl<T, bits, encoding, kMaxXBlocks, false>(
+        args,
+        op,
+        reduction,
+        int(run.count),
+        0,
+        n0,
+        0,
+        args.K,
+        static_cast<T*>(args.y),
+        nullptr,
+        rows);
+    __syncthreads();
+  }
+}
 
 }  // namespace fpqmm::cuda

@@ -33,7 +33,8 @@ void with_encoding(ScaleEncoding encoding, F&& f) {
   }
 }
 
-// fp_qmv, fp_qmv_cluster, fp_qmv_staged, fp_qvm or fp_dequantize for `key`
+// fp_qmv, fp_qmv_cluster, fp_qmv_grouped, fp_qmv_staged, fp_qvm or
+// fp_dequantize for `key`
 // (of x type T and `bits`-wide codes); null for E4M3 scales with E4M3
 // codes, which no format has.
 template <typename T, int bits>
@@ -59,6 +60,10 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
                   ? reinterpret_cast<const void*>(&fp_qmv<T, bits, encoding, 1>)
                   : reinterpret_cast<const void*>(
                         &fp_qmv<T, bits, encoding, kMaxXBlocks>);
+          break;
+        case KernelFamily::qmv_grouped:
+          kernel =
+              reinterpret_cast<const void*>(&fp_qmv_grouped<T, bits, encoding>);
           break;
         case KernelFamily::dequantize:
           kernel =

@@ -95,6 +95,37 @@ inline constexpr int kQvmSharedBytes =
 // M * N; fp_split_k_sum adds them, kSplitKSumThreads threads per block.
 inline constexpr int kSplitKSumThreads = 256;
 
+// Grouped gather (pairs of one row each): fp_group_pairs, one block of
+// kGroupThreads threads, counts the pairs of each expert (up to
+// kGroupMaxExperts, plus one bin for indices out of range), orders the pairs
+// by expert and cuts each expert's pairs into runs of up to kGroupRows;
+// fp_qmv_grouped then multiplies each run's rows of x, gathered, with its
+// expert's tiles of W, read once per run instead of once per pair.
+inline constexpr int kGroupRows = kMaxXBlocks * kXBlockRows;
+inline constexpr int kGroupThreads = 1024;
+inline constexpr int kGroupMaxExperts = 4096;
+// Keeps the scratch (about 5 bytes a pair) within an array of 2^31 words.
+inline constexpr int64_t kGroupMaxPairs = int64_t(1) << 28;
+// fp_group_pairs's shared memory: a count and a start per bin, and the
+// block's scan (pairs and runs, 64 bits a thread).
+inline constexpr int kGroupSharedBytes =
+    2 * (kGroupMaxExperts + 1) * 4 + kGroupThreads * 8;
+
+// A run of pairs of one expert: order[first, first + count) are the pairs,
+// `expert` their W matrix (w_matrices or more: out of range).
+struct PairRun {
+  uint32_t first;
+  uint32_t count;
+  uint32_t expert;
+  uint32_t unused;
+};
+// At most this many runs: a run per kGroupRows pairs, and one more per bin
+// that has pairs.
+constexpr int64_t max_pair_runs(int64_t pairs, int64_t experts) {
+  const int64_t bins = experts + 1 < pairs ? experts + 1 : pairs;
+  return (pairs + kGroupRows - 1) / kGroupRows + bins;
+}
+
 // fp_dequantize: a 32-bit word of codes per thread, kDequantizeThreads
 // threads per block, up to kDequantizeBlocksPerSm blocks per SM (the grid
 // loops past that).
@@ -128,6 +159,11 @@ struct QmmArgs {
   int x_matrices, w_matrices;
   int split_k;       // 1: no split
   int split_k_step;  // codes of K per split, a multiple of the stage
+  // Grouped gather's scratch, written by fp_group_pairs: the pairs in order
+  // of their experts, the runs and their number.
+  uint32_t* pair_order;
+  PairRun* pair_runs;
+  uint32_t* run_count;
 };
 
 }  // namespace fpqmm::cuda

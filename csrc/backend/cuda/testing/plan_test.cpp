@@ -199,7 +199,7 @@ int main() {
           cu::dequantize_then_matmul(1, KernelRequest::dequantize),
       "dequantize + matmul above the simple rows");
   // A gather: pairs of one row (sorted here unless sorted with x in pair
-  // order) from 8 rows an expert, within MLX's grouped GEMM's 1024 experts
+  // order) from 192 rows an expert, within MLX's grouped GEMM's 1024 experts
   // and 4 GiB of dequantized experts; any layout on request.
   auto moe = [](int64_t pairs, int64_t M, int64_t x_matrices, bool sorted) {
     return cu::gather_rows(pairs, M, 2880, 2880, x_matrices, 32, 2, sorted);
@@ -209,10 +209,10 @@ int main() {
   };
   check(
       moe(256, 1, 256, true).in_order && !moe(256, 1, 32, true).in_order &&
-          !moe(256, 1, 256, false).in_order && takes(moe(256, 1, 256, true)) &&
-          !takes(moe(255, 1, 255, true)) && takes(moe(4096, 1, 1024, false)) &&
-          !takes(moe(4096, 2, 4096, true)),
-      "gather: dequantize + gather_mm for single rows from 8 an expert");
+          !moe(256, 1, 256, false).in_order &&
+          takes(moe(6144, 1, 6144, true)) && !takes(moe(6143, 1, 6143, true)) &&
+          takes(moe(8192, 1, 2048, false)) && !takes(moe(8192, 2, 8192, true)),
+      "gather: dequantize + gather_mm for single rows from 192 an expert");
   check(
       moe(4096, 1, 4096, true).dense_bytes == int64_t(32) * 2880 * 2880 * 2 &&
           !takes(
@@ -298,17 +298,87 @@ int main() {
   deep.scales_batch_strides = deep.w_batch_strides;
   check(throws([&] { auto_plan(deep, h200); }), "too many batch axes");
 
-  // Gather: pairs on grid z, capped (the kernels loop past it).
+  // Gather, per pair (the decode kernels): pairs on grid z, capped (the
+  // kernels loop past it).
   auto gather = problem(Mode::mxfp4, true, 1, 2880, 2880);
   gather.gather = true;
   gather.batch_shape = {70000};
   gather.x_matrices = 70000;
   gather.w_matrices = 32;
-  auto pairs = auto_plan(gather, h200);
+  auto pairs = cu::plan(gather, h200, cu::KernelRequest::decode);
   check(
-      pairs.main.grid[2] == 65535 && pairs.batch_count == 70000,
+      pairs.path == cu::KernelPath::qmv && pairs.main.grid[2] == 65535 &&
+          pairs.batch_count == 70000 && !pairs.grouping,
       "gather grid z");
   check(cu::kernel_args(gather, pairs).w_matrices == 32, "gather args");
+
+  // Grouped by expert from kGroupedMinPairs pairs of one row: the grouping
+  // launch, room for a run per 16 pairs and one more per expert (and for
+  // the out-of-range bin), the grid's y capped.
+  auto grouped = auto_plan(gather, h200);
+  const int64_t runs = 70000 / 16 + 33;
+  check(
+      grouped.path == cu::KernelPath::grouped &&
+          grouped.key.family == cu::KernelFamily::qmv_grouped &&
+          grouped.main.kernel == "fpqmm_qmv_grouped_e2m1_e8m0_bfloat16_x16" &&
+          grouped.max_runs == runs && grouped.main.grid[0] == 180 &&
+          grouped.main.grid[1] == runs && grouped.main.grid[2] == 1 &&
+          grouped.split_k == 1 && !grouped.reduction && grouped.grouping &&
+          grouped.grouping->grid[0] == 1 &&
+          grouped.grouping->block[0] == fpqmm::cuda::kGroupThreads &&
+          grouped.grouping_bytes == 16 + runs * 16 + 70000 * 4,
+      "grouped gather");
+  auto few = gather;
+  few.batch_shape = {cu::kGroupedMinPairs - 1};
+  few.x_matrices = 1;
+  check(auto_plan(few, h200).path == cu::KernelPath::qmv, "few pairs");
+  few.batch_shape = {cu::kGroupedMinPairs};
+  check(auto_plan(few, h200).path == cu::KernelPath::grouped, "enough pairs");
+  check(
+      cu::plan(few, h200, cu::KernelRequest::grouped).max_runs ==
+          1 + cu::kGroupedMinPairs,
+      "runs: at most one per pair");
+  auto huge_grid = gather;
+  huge_grid.batch_shape = {2000000};
+  check(
+      auto_plan(huge_grid, h200).main.grid[1] == 65535,
+      "grouped grid y capped");
+  // Where it cannot run, a grouped request plans as automatic, saying why.
+  auto two_rows = gather;
+  two_rows.M = 2;
+  auto not_grouped = cu::plan(two_rows, h200, cu::KernelRequest::grouped);
+  check(
+      not_grouped.path == cu::KernelPath::qmv &&
+          not_grouped.note.starts_with(
+              "grouped requested, not taken: M=2 rows per pair"),
+      "grouped needs one row per pair");
+  auto untransposed = gather;
+  untransposed.transpose = false;
+  check(
+      auto_plan(untransposed, h200).path == cu::KernelPath::qvm,
+      "grouped needs x @ W^T");
+  auto many_experts = gather;
+  many_experts.w_matrices = fpqmm::cuda::kGroupMaxExperts + 1;
+  check(
+      auto_plan(many_experts, h200).path == cu::KernelPath::qmv,
+      "grouped experts bound");
+  auto unaligned_x = problem(Mode::mxfp4, true, 1, 64, 96);
+  unaligned_x.pointer_alignment = 8;
+  unaligned_x.gather = true;
+  unaligned_x.batch_shape = {64};
+  unaligned_x.x_matrices = 64;
+  unaligned_x.w_matrices = 4;
+  check(
+      auto_plan(unaligned_x, h200).key.family == cu::KernelFamily::qmv_staged,
+      "grouped needs 16-byte vectors");
+  auto not_gather = problem(Mode::mxfp4, true, 1, 64, 64);
+  check(
+      cu::plan(not_gather, h200, cu::KernelRequest::grouped)
+          .note.starts_with("grouped requested, not taken: not a gather"),
+      "grouped needs a gather");
+  check(
+      cu::kernel_request_from_name("grouped") == cu::KernelRequest::grouped,
+      "grouped request name");
 
   // Empty outputs plan without dividing by zero.
   auto empty = auto_plan(problem(Mode::mxfp4, true, 1, 0, 64), h200);
