@@ -347,6 +347,7 @@ struct DeviceProblem {
   uint32_t* lhs = nullptr;
   uint32_t* rhs = nullptr;
   float* partials = nullptr;
+  uint32_t* scratch = nullptr;  // the grouped path's (plan.grouping_bytes)
 };
 
 template <typename T>
@@ -395,6 +396,12 @@ void run_plan(const cu::KernelPlan& plan, const QmmProblem& problem,
   args.partials = plan.split_k > 1 ? d.partials : nullptr;
   args.lhs_indices = d.lhs;
   args.rhs_indices = d.rhs;
+  if (plan.grouping) {
+    args.run_count = d.scratch;
+    args.pair_runs = reinterpret_cast<fc::PairRun*>(d.scratch + 4);
+    args.pair_order = d.scratch + 4 + plan.max_runs * sizeof(fc::PairRun) / 4;
+    launch(*plan.grouping, fc::group_pairs_kernel(), args, stream);
+  }
   launch(plan.main, fc::main_kernel(plan.key), args, stream);
   if (plan.reduction) {
     launch(*plan.reduction, fc::split_k_sum_kernel(problem.x_type), args, stream);
@@ -425,6 +432,9 @@ bool run_case(const Case& c, std::mt19937& rng) {
   if (plan.partials_bytes > 0) {
     CHECK_CUDA(cudaMalloc(&d.partials, plan.partials_bytes));
   }
+  if (plan.grouping_bytes > 0) {
+    CHECK_CUDA(cudaMalloc(&d.scratch, plan.grouping_bytes));
+  }
   run_plan(plan, h.problem, d);
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -438,7 +448,8 @@ bool run_case(const Case& c, std::mt19937& rng) {
   // fp_qmv rounds code times a float scale to bfloat16.
   const auto encoding = mlx_fpqmm::scale_encoding(c.mode, c.scale_type);
   const bool rounded_w = (plan.key.family == cu::KernelFamily::qmv ||
-                          plan.key.family == cu::KernelFamily::qmv_cluster) &&
+                          plan.key.family == cu::KernelFamily::qmv_cluster ||
+                          plan.key.family == cu::KernelFamily::qmv_grouped) &&
       encoding != ScaleEncoding::e8m0 && encoding != ScaleEncoding::e4m3;
   const double term_eps = rounded_w ? 0x1p-8
       : c.x_type == FloatType::float32 ? 0x1p-15
@@ -472,7 +483,7 @@ bool run_case(const Case& c, std::mt19937& rng) {
               plan.main.grid[0], plan.main.grid[1],
               plan.main.grid[2], worst);
   for (void* p : {d.w, d.scales, d.x, d.y, (void*)d.global_scale, (void*)d.lhs,
-                  (void*)d.rhs, (void*)d.partials}) {
+                  (void*)d.rhs, (void*)d.partials, (void*)d.scratch}) {
     cudaFree(p);
   }
   return bad == 0;
@@ -721,6 +732,9 @@ void bench(const std::string& only) {
       d.lhs = indices;
       d.rhs = indices + lhs->size();
     }
+    if (plan.grouping_bytes > 0) {
+      CHECK_CUDA(cudaMalloc(&d.scratch, plan.grouping_bytes));
+    }
     const double us = time_us(
         [&] {
           for (int i = 0; i < copies; ++i) {
@@ -735,6 +749,7 @@ void bench(const std::string& only) {
                 100.0 * gbs / read_gbs, plan.main.kernel.c_str(), plan.split_k,
                 plan.splits_in_cluster ? " (cluster)" : "");
     cudaFree(indices);
+    cudaFree(d.scratch);
   };
 
   const std::vector<std::pair<int, int>> shapes = {{14336, 4096}, {4096, 4096}, {1024, 4096}};
@@ -771,7 +786,7 @@ void bench(const std::string& only) {
   }
   // gpt-oss layer: 32 experts of 2880 x 2880 mxfp4, top 4.
   std::mt19937 rng(5);
-  for (int tokens : {1, 8}) {
+  for (int tokens : {1, 8, 128}) {
     for (bool sorted : {false, true}) {
       std::vector<uint32_t> lhs, rhs;
       for (int t = 0; t < tokens; ++t) {
