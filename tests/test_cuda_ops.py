@@ -114,6 +114,44 @@ def test_matches_reference(mode, dtype, transpose, M):
     check(mode, x, w_q, scales, transpose)
 
 
+def x_view(view, dtype, K):
+    """x of the given kind of strides (rows of K values)."""
+    if view == "transposed":  # (5, K), column-major
+        return mx.random.normal((K, 5)).astype(dtype).T
+    if view == "every_other_row":  # (2, 3, K): rows 2K apart
+        return mx.random.normal((2, 6, K)).astype(dtype)[:, ::2]
+    if view == "broadcast":  # (4, K): rows of stride 0
+        return mx.broadcast_to(mx.random.normal((1, K)).astype(dtype), (4, K))
+    if view == "reversed":  # negative strides
+        return mx.random.normal((2, 3, K)).astype(dtype)[::-1, :, ::-1]
+    if view == "strided_k":  # (3, K): K of stride 2
+        return mx.random.normal((3, K, 2)).astype(dtype)[..., 0]
+    return mx.random.normal((6, K)).astype(dtype)[2:]  # row_slice: readable as it is
+
+
+@pytest.mark.parametrize(
+    "view",
+    ["transposed", "every_other_row", "broadcast", "reversed", "strided_k", "row_slice"],
+)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
+@pytest.mark.parametrize("evaluated", [True, False], ids=["evaluated", "lazy"])
+def test_x_of_any_strides(view, dtype, evaluated):
+    """On the GPU the op passes x on as it comes and eval_gpu copies what the
+    kernels cannot read in place (our strided copy): every kind of view, built
+    lazily or evaluated first."""
+    N, K = 96, 256
+    w_q, scales = quantized("mxfp4", N, K)
+    x = x_view(view, dtype, K)
+    if evaluated:
+        mx.eval(x)
+    check("mxfp4", x, w_q, scales)
+    # With batched W, x's batch axes (of stride 0 for a 2-D view) are read in
+    # place where its matrices are.
+    w_b, scales_b = quantized("mxfp4", 2 * N, K)
+    x3 = mx.broadcast_to(x, (2, *x.shape)) if x.ndim == 2 else x
+    check("mxfp4", x3, w_b.reshape(2, N, -1), scales_b.reshape(2, N, -1))
+
+
 @pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("shape", [(4096, 4096), (64, 14336), (14336, 512)], ids=str)
 @pytest.mark.parametrize("M", [1, 8, 64])

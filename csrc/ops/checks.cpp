@@ -6,6 +6,8 @@
 
 #include "mlx/ops.h"
 
+#include "backend/cuda/device.h"
+
 namespace mlx_fpqmm {
 
 // Without iostreams: in the CUDA build the extension's own instantiation of
@@ -259,6 +261,17 @@ mx::array readable_in_place_copy(const mx::array& a, mx::Stream stream) {
     return a;
   }
   return mx::contiguous(a, false, stream);
+}
+
+mx::array x_for_product(const mx::array& x, mx::Stream stream) {
+#if defined(MLX_FPQMM_CUDA)
+  if (stream.device == mx::Device::gpu &&
+      x.ndim() <= fpqmm::cuda::kMaxCopyDims &&
+      cuda::running_device().has_value()) {
+    return x;
+  }
+#endif
+  return readable_in_place_copy(x, stream);
 }
 
 }  // namespace mlx_fpqmm

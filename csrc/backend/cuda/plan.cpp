@@ -560,6 +560,18 @@ DequantizePlan plan_dequantize(
   return plan;
 }
 
+Launch plan_strided_copy(int64_t elements, const CudaDevice& device) {
+  return Launch{
+      "fpqmm_strided_copy",
+      {static_cast<int>(std::min<int64_t>(
+           ceil_div(elements, fc::kCopyThreads),
+           int64_t(device.sm_count) * fc::kCopyBlocksPerSm)),
+       1,
+       1},
+      {fc::kCopyThreads, 1, 1},
+      0};
+}
+
 fpqmm::cuda::QmmArgs kernel_args(
     const QmmProblem& problem, const KernelPlan& plan) {
   fc::QmmArgs args{};

@@ -207,6 +207,9 @@ DequantizePlan plan_dequantize(
     FloatType out_type,
     const CudaDevice& device);
 
+// fp_strided_copy's launch for `elements` elements.
+Launch plan_strided_copy(int64_t elements, const CudaDevice& device);
+
 // The kernel argument block of a plan, without the pointers (the caller
 // fills w, scales, global_scale, x, y, partials and, for gather, the
 // indices).

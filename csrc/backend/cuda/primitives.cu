@@ -93,11 +93,12 @@ CUfunction driver_function(
   return it->second.function;
 }
 
+template <typename Args>
 void add_launch(
     mx::cu::CommandEncoder& encoder,
     const cuda::Launch& launch,
     const void* kernel,
-    fc::QmmArgs args) {
+    Args args) {
   // The encoder copies the arguments through non-const pointers.
   auto f = driver_function(encoder.device(), kernel, launch.shared_bytes);
   encoder.add_kernel_node_ex(
@@ -117,6 +118,37 @@ int pointer_alignment(std::initializer_list<const mx::array*> arrays) {
     bits |= reinterpret_cast<uint64_t>(mx::gpu_ptr<void>(*a));
   }
   return static_cast<int>(bits & (~bits + 1));
+}
+
+// `x` (float32, float16 or bfloat16, of any strides) copied on the stream
+// into a new row-contiguous array, which the encoder keeps until the kernels
+// that read it are done.
+mx::array row_contiguous_copy(
+    const mx::array& x, mx::cu::CommandEncoder& encoder) {
+  if (x.ndim() > fc::kMaxCopyDims) {
+    throw std::logic_error(
+        "[FpQuantizedMatmul] the op copies x of more than 8 axes itself.");
+  }
+  mx::array copy(x.shape(), x.dtype(), nullptr, {});
+  copy.set_data(cuda::device_malloc(copy.nbytes(), encoder));
+  encoder.add_temporary(copy);
+  fc::StridedCopyArgs args{};
+  args.src = mx::gpu_ptr<void>(x);
+  args.dst = mx::gpu_ptr<void>(copy);
+  args.elements = static_cast<int64_t>(x.size());
+  args.ndim = static_cast<int>(x.ndim());
+  for (int axis = 0; axis < args.ndim; ++axis) {
+    args.shape[axis] = x.shape(axis);
+    args.strides[axis] = x.strides(axis);
+  }
+  encoder.set_input_array(x);
+  encoder.set_output_array(copy);
+  add_launch(
+      encoder,
+      cuda::plan_strided_copy(args.elements, device_of(encoder.device())),
+      fc::strided_copy_kernel(static_cast<int>(x.itemsize())),
+      args);
+  return copy;
 }
 
 // Records `problem` on the stream into `out` (allocated here): `inputs` in
@@ -193,18 +225,25 @@ void FpQuantizedMatmul::eval_gpu(
     out.set_data(mx::allocator::malloc(0));
     return;
   }
-  check_readable_in_place(inputs);
+  // On NVIDIA GPUs the op leaves x as it comes (no copy node in the graph
+  // for each product): what the kernels cannot read in place is copied here.
+  std::vector<mx::array> operands = inputs;
+  if (!readable_in_place(operands, Input::x)) {
+    operands[static_cast<size_t>(Input::x)] = row_contiguous_copy(
+        input(inputs, Input::x), mx::cu::get_command_encoder(stream()));
+  }
+  check_readable_in_place(operands);
   auto problem = describe_problem(
-      inputs, out.shape(), mode_, group_size_, transpose_, true);
-  problem.pointer_alignment =
-      pointer_alignment({&input(inputs, Input::x), &input(inputs, Input::w)});
-  run(stream(), problem, inputs, out, [&](fc::QmmArgs& args) {
-    args.w = mx::gpu_ptr<uint32_t>(input(inputs, Input::w));
-    args.scales = mx::gpu_ptr<void>(input(inputs, Input::scales));
-    args.x = mx::gpu_ptr<void>(input(inputs, Input::x));
-    if (has_global_scale(inputs)) {
+      operands, out.shape(), mode_, group_size_, transpose_, true);
+  problem.pointer_alignment = pointer_alignment(
+      {&input(operands, Input::x), &input(operands, Input::w)});
+  run(stream(), problem, operands, out, [&](fc::QmmArgs& args) {
+    args.w = mx::gpu_ptr<uint32_t>(input(operands, Input::w));
+    args.scales = mx::gpu_ptr<void>(input(operands, Input::scales));
+    args.x = mx::gpu_ptr<void>(input(operands, Input::x));
+    if (has_global_scale(operands)) {
       args.global_scale =
-          mx::gpu_ptr<float>(input(inputs, Input::global_scale));
+          mx::gpu_ptr<float>(input(operands, Input::global_scale));
     }
   });
 }

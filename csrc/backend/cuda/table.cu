@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "backend/cuda/kernels/fp_group_pairs.cuh"
+#include "backend/cuda/kernels/fp_strided_copy.cuh"
 #include "backend/cuda/kernels/kernel_for.cuh"
 
 namespace fpqmm::cuda {
@@ -55,6 +56,16 @@ const void* split_k_sum_kernel(mlx_fpqmm::FloatType type) {
     kernel = reinterpret_cast<const void*>(&fp_split_k_sum<decltype(x)>);
   });
   return kernel;
+}
+
+const void* strided_copy_kernel(int itemsize) {
+  switch (itemsize) {
+    case 2:
+      return reinterpret_cast<const void*>(&fp_strided_copy<uint16_t>);
+    case 4:
+      return reinterpret_cast<const void*>(&fp_strided_copy<uint32_t>);
+  }
+  throw std::invalid_argument("[cuda] no copy kernel for this element size.");
 }
 
 const void* group_pairs_kernel() {

@@ -1,5 +1,5 @@
-// The kernel instantiation a plan names (KernelPlan::main, ::reduction), as
-// a function pointer (eval_gpu turns it into a CUfunction with
+// The kernel instantiation a plan names (KernelPlan::main, ::reduction,
+// ::grouping), as a function pointer (eval_gpu turns it into a CUfunction with
 // cudaGetFuncBySymbol): the one place that turns a KernelKey into template
 // arguments, for eval_gpu and the test harness alike. Plain C++.
 #pragma once
@@ -12,5 +12,7 @@ namespace fpqmm::cuda {
 const void* main_kernel(const mlx_fpqmm::cuda::KernelKey& key);
 const void* split_k_sum_kernel(mlx_fpqmm::FloatType type);
 const void* group_pairs_kernel();
+// fp_strided_copy for elements of `itemsize` bytes (2 or 4).
+const void* strided_copy_kernel(int itemsize);
 
 }  // namespace fpqmm::cuda

@@ -132,6 +132,24 @@ constexpr int64_t max_pair_runs(int64_t pairs, int64_t experts) {
 inline constexpr int kDequantizeThreads = 256;
 inline constexpr int kDequantizeBlocksPerSm = 16;
 
+// fp_strided_copy: x made row-contiguous inside eval_gpu (where the op left
+// it as it came, to spare each product a node in the graph), an element per
+// thread and step of a grid of kCopyThreads-thread blocks, up to
+// kCopyBlocksPerSm blocks per SM; x of up to kMaxCopyDims axes (the op
+// copies others itself).
+inline constexpr int kMaxCopyDims = 8;
+inline constexpr int kCopyThreads = 256;
+inline constexpr int kCopyBlocksPerSm = 8;
+
+struct StridedCopyArgs {
+  const void* src;
+  void* dst;
+  int64_t elements;
+  int ndim;
+  int shape[kMaxCopyDims];
+  int64_t strides[kMaxCopyDims];  // in elements
+};
+
 // Every kernel's one parameter. Pointers are device pointers; element
 // strides per batch axis (w in uint32 words, scales in scale elements).
 // Gather: pair z multiplies x matrix lhs_indices[z] with W matrix

@@ -380,6 +380,16 @@ int main() {
       cu::kernel_request_from_name("grouped") == cu::KernelRequest::grouped,
       "grouped request name");
 
+  // The strided copy of x: a thread an element, the grid capped at 8 blocks
+  // an SM (the kernel loops).
+  const auto copy = cu::plan_strided_copy(1000, h200);
+  check(
+      copy.grid[0] == 4 && copy.block[0] == fpqmm::cuda::kCopyThreads,
+      "strided copy grid");
+  check(
+      cu::plan_strided_copy(int64_t(1) << 40, h200).grid[0] == 132 * 8,
+      "strided copy grid capped");
+
   // Empty outputs plan without dividing by zero.
   auto empty = auto_plan(problem(Mode::mxfp4, true, 1, 0, 64), h200);
   check(empty.main.grid[0] == 0 && empty.split_k == 1, "N = 0");
