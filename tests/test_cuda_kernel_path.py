@@ -167,3 +167,24 @@ def test_gather_grouped_requests():
     assert plan["path"] == "qmv"
     assert plan["note"].startswith("grouped requested, not taken: M=2 rows per pair")
     assert gather_path(64, kernel="grouped", lhs=True)["path"] == "grouped"
+
+
+@pytest.mark.parametrize("pairs, expected", [(383, "qmv"), (384, "dequantize_matmul")])
+def test_gather_without_the_grouped_path_dequantizes_from_12_rows_an_expert(pairs, expected):
+    """float32 x with fp8's float scales: the per-pair kernels (W staged), against
+    which dequantize + gather_mm wins from 12 rows an expert; a grouped request
+    plans as automatic there."""
+    w = mx.zeros((32, 2880, 2880 // 4), mx.uint32)
+    scales = mx.zeros((32, 2880, 2880 // 32), mx.float16)
+    for kernel in (None, "grouped"):
+        plan = mlx_fpqmm.kernel_path(
+            mx.zeros((pairs, 1, 2880)),
+            w,
+            scales,
+            mode="fp8",
+            rhs_indices=mx.zeros((pairs,), mx.uint32),
+            sorted_indices=True,
+            device="sm_90",
+            kernel=kernel,
+        )
+        assert plan["path"] == expected, plan["note"]

@@ -229,6 +229,10 @@ def test_empty_shapes(shape, transpose):
     y = mlx_fpqmm.fp4_qmm(mx.ones((M, K)), w_q, scales, transpose=transpose, stream=GPU)
     assert y.shape == (M, N)
     assert not np.array(y).any()
+    # An empty x that the kernels cannot read in place as it is (a transpose).
+    y = mlx_fpqmm.fp4_qmm(mx.ones((K, M)).T, w_q, scales, transpose=transpose, stream=GPU)
+    assert y.shape == (M, N)
+    assert not np.array(y).any()
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
@@ -325,9 +329,11 @@ def test_gather_sorted_unusual_layouts(layout):
 
 
 @pytest.mark.parametrize("pairs", [6, 64])
-def test_gather_nvfp4_expert_scales(pairs):
-    """Each expert's own tensor scale (1 to 40 times apart), in the kernels and (64
-    sorted pairs over 4 experts) in the dequantized experts."""
+@pytest.mark.parametrize("kernel", ["auto", "dequantize"])
+def test_gather_nvfp4_expert_scales(pairs, kernel, monkeypatch):
+    """Each expert's own tensor scale (1 to 40 times apart), in the kernels (per
+    pair at 6 pairs, grouped at 64) and in the dequantized experts (forced)."""
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", kernel)
     E, N, K = 4, 64, 128
     w = mx.random.normal((E, N, K)) * mx.array([1.0, 5.0, 13.0, 40.0]).reshape(E, 1, 1)
     global_scale = mx.max(mx.abs(w), axis=(1, 2)).astype(mx.float32)
@@ -426,13 +432,25 @@ def test_gather_grouped_unsorted_routes(mode, dtype, kernel, monkeypatch):
     rng = np.random.default_rng(11)
     rhs = np.stack([rng.permutation(E + 1)[:3] for _ in range(tokens)]).astype(np.uint32)
     x = mx.random.normal((tokens, 1, 1, K)).astype(dtype)
+    # float32 x with float scales keeps code times scale in float32: the
+    # per-pair staged kernel, whatever is requested.
+    float_scales = mode in ("fp4", "fp8")
+    grouped = kernel == "grouped" and not (float_scales and dtype == mx.float32)
+    plan = mlx_fpqmm.kernel_path(
+        x, w_q, scales, rhs_indices=mx.array(rhs), mode=mode, device="cuda", kernel=kernel
+    )
+    assert (plan["path"] == "grouped") == grouped, plan["note"]
+    # Where the grouped path does not run, a grouped request is automatic:
+    # 18.5 rows an expert take dequantize + gather_mm (MLX's TF32 for float32).
+    dequantized = plan["path"] == "dequantize_matmul"
+    tol = TF32_TOLERANCE if dequantized and dtype == mx.float32 else TOLERANCE[dtype]
     y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=mx.array(rhs), mode=mode, stream=GPU)
     y = np.array(y.astype(mx.float32))
     valid = rhs < E
     assert np.isnan(y[~valid]).all() and not np.isnan(y[valid]).any()
     lhs = np.broadcast_to(np.arange(tokens)[:, None], rhs.shape)
     reference = gather_reference(x.reshape(tokens, 1, K), w_q, scales, lhs[valid], rhs[valid], mode)
-    assert relative_error(mx.array(y[valid]), reference) < TOLERANCE[dtype]
+    assert relative_error(mx.array(y[valid]), reference) < tol
 
 
 def test_gather_grouped_out_of_range_lhs_indices(monkeypatch):
@@ -455,6 +473,9 @@ def test_gather_grouped_out_of_range_lhs_indices(monkeypatch):
     np.testing.assert_array_equal(nan_rows, [0, 1, 1, 0, 0, 0, 1, 0, 0, 0])
     np.testing.assert_array_equal(np.isnan(y), np.isnan(on_cpu))
     np.testing.assert_allclose(y[~nan_rows], on_cpu[~nan_rows], rtol=1e-4, atol=1e-4)
+    # No matrices of x at all: every row NaN, nothing of x read.
+    x = mx.zeros((0, 1, K))
+    assert np.isnan(gather(GPU)).all()
 
 
 def test_more_than_2_to_the_31_weight_elements():

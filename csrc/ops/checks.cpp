@@ -1,5 +1,6 @@
 #include "ops/checks.h"
 
+#include <algorithm>
 #include <array>
 #include <limits>
 #include <stdexcept>
@@ -263,10 +264,11 @@ mx::array readable_in_place_copy(const mx::array& a, mx::Stream stream) {
   return mx::contiguous(a, false, stream);
 }
 
-mx::array x_for_product(const mx::array& x, mx::Stream stream) {
+mx::array x_for_product(const mx::array& x, int w_ndim, mx::Stream stream) {
 #if defined(MLX_FPQMM_CUDA)
-  if (stream.device == mx::Device::gpu &&
-      x.ndim() <= fpqmm::cuda::kMaxCopyDims &&
+  // x's axes after the broadcast against W's batch.
+  const int ndim = std::max(static_cast<int>(x.ndim()), w_ndim);
+  if (stream.device == mx::Device::gpu && ndim <= fpqmm::cuda::kMaxCopyDims &&
       cuda::running_device().has_value()) {
     return x;
   }

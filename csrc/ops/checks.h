@@ -83,10 +83,10 @@ mx::Shape with_batch(const mx::Shape& batch, const mx::array& a);
 // eval_gpu.)
 mx::array readable_in_place_copy(const mx::array& a, mx::Stream stream);
 
-// x as the product primitive takes it on `stream`: on an NVIDIA GPU as it
-// comes (eval_gpu copies what its kernels cannot read in place, which spares
-// each product of a model a node in the graph), elsewhere
-// readable_in_place_copy.
-mx::array x_for_product(const mx::array& x, mx::Stream stream);
+// x as the product primitive takes it on `stream`, with W of `w_ndim` axes:
+// on an NVIDIA GPU as it comes (eval_gpu copies what its kernels cannot
+// read in place, up to its copy's axes, which spares each product of a
+// model a node in the graph), elsewhere readable_in_place_copy.
+mx::array x_for_product(const mx::array& x, int w_ndim, mx::Stream stream);
 
 }  // namespace mlx_fpqmm

@@ -6,6 +6,7 @@
 
 #include "mlx/ops.h"
 
+#include "backend/common/problem.h"
 #include "ops/checks.h"
 #include "ops/qmm.h"
 #include "primitives/primitives.h"
@@ -92,6 +93,15 @@ std::optional<mx::array> dequantized_gather(
   const int64_t experts = matrix_count(w);
   const int M = x.shape(-2);
   const int K = x.shape(-1);
+  // The primitive's problem, as its plan would see it (only shapes and
+  // types).
+  const auto problem = describe_gather_problem(
+      {x, w, scales, lhs_indices, rhs_indices},
+      {N},
+      mode,
+      group_size,
+      transpose,
+      sorted_pairs);
   const auto gather = cuda::gather_rows(
       pairs,
       M,
@@ -100,7 +110,8 @@ std::optional<mx::array> dequantized_gather(
       matrix_count(x),
       experts,
       static_cast<int>(x.itemsize()),
-      sorted_pairs);
+      sorted_pairs,
+      cuda::grouped_gather(problem));
   if (!builds_dequantize(stream, [&](cuda::KernelRequest request) {
         return cuda::gather_dequantize_then_matmul(gather, request);
       })) {

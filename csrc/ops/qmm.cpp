@@ -114,7 +114,7 @@ mx::array fp_qmm_checked(
   if (vector_input) {
     x = mx::expand_dims(x, 0, stream);
   }
-  x = x_for_product(x, stream);
+  x = x_for_product(x, static_cast<int>(w.ndim()), stream);
   w = readable_in_place_copy(w, stream);
   scales = readable_in_place_copy(scales, stream);
   mx::Shape batch;

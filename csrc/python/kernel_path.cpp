@@ -260,7 +260,8 @@ cuda::GatherRows gather_rows_of(const QmmProblem& problem, int64_t rhs_size) {
       problem.x_matrices,
       problem.w_matrices,
       itemsize(problem.x_type),
-      problem.right_sorted && rhs_size == problem.batch_count());
+      problem.right_sorted && rhs_size == problem.batch_count(),
+      cuda::grouped_gather(problem));
 }
 
 // Why the CUDA plan dequantizes W and multiplies with MLX's matmul (or, for

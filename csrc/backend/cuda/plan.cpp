@@ -256,6 +256,15 @@ void plan_grouped(const QmmProblem& p, const Format& format, KernelPlan& plan) {
 
 }  // namespace
 
+bool grouped_gather(const QmmProblem& problem) {
+  int64_t pairs = 1;
+  for (int size : problem.batch_shape) {
+    pairs *= size;
+  }
+  return pairs >= kGroupedMinPairs &&
+         grouped_reason(problem, format_for(problem.mode), pairs).empty();
+}
+
 std::string_view path_name(KernelPath path) {
   constexpr std::array<std::string_view, 5> names = {
       "qmv", "qvm", "simple", "dequantize_matmul", "grouped"};
@@ -264,7 +273,9 @@ std::string_view path_name(KernelPath path) {
 
 bool dequantize_then_matmul(int64_t M, KernelRequest request) {
   return request == KernelRequest::dequantize ||
-         (request == KernelRequest::automatic && M > kSimpleRows);
+         ((request == KernelRequest::automatic ||
+           request == KernelRequest::grouped) &&
+          M > kSimpleRows);
 }
 
 GatherRows gather_rows(
@@ -275,7 +286,8 @@ GatherRows gather_rows(
     int64_t x_matrices,
     int64_t experts,
     int x_itemsize,
-    bool sorted_pairs) {
+    bool sorted_pairs,
+    bool grouped_path) {
   constexpr int64_t k2to31 = int64_t(1) << 31;
   constexpr int64_t k2to32 = int64_t(1) << 32;
   const int64_t dense_bytes = experts * N * K * x_itemsize;
@@ -288,7 +300,8 @@ GatherRows gather_rows(
           dense_bytes <= kGatherMaxDenseBytes && pairs * row_bytes <= k2to32,
       sorted_pairs && x_matrices == pairs,
       pairs <= kMaxGridZ && pairs * M * N < k2to31 &&
-          x_matrices * M * K < k2to32 && experts * N * K < k2to32};
+          x_matrices * M * K < k2to32 && experts * N * K < k2to32,
+      grouped_path};
 }
 
 bool gather_dequantize_then_matmul(
@@ -296,8 +309,13 @@ bool gather_dequantize_then_matmul(
   if (request == KernelRequest::dequantize) {
     return gather.grouped || gather.other_kernels;
   }
-  return request == KernelRequest::automatic && gather.grouped &&
-         gather.rows >= kGatherRowsPerExpert * gather.experts;
+  const bool automatic =
+      request == KernelRequest::automatic ||
+      (request == KernelRequest::grouped && !gather.grouped_path);
+  const int64_t rows_per_expert =
+      gather.grouped_path ? kGatherRowsPerExpert : kGatherRowsPerExpertPerPair;
+  return automatic && gather.grouped &&
+         gather.rows >= rows_per_expert * gather.experts;
 }
 
 namespace {

@@ -64,7 +64,8 @@ inline constexpr int64_t kGroupedMinPairs = 8;
 
 // Whether the op multiplies M rows of x per W matrix (not a gather) by
 // dequantize + matmul rather than with the primitive: above kSimpleRows
-// unless another path is requested, or on request (any M).
+// when automatic (or grouped requested: it runs only for gathers), or on
+// request (any M).
 bool dequantize_then_matmul(int64_t M, KernelRequest request);
 
 // A gather (mixture of experts) without lhs_indices, as the choice of
@@ -83,9 +84,10 @@ struct GatherRows {
   bool grouped;         // the grouped GEMM takes it
   bool in_order;        // sorted pairs, x in pair order: no sort needed
   bool other_kernels;   // MLX's other gather_mm kernels take it
+  bool grouped_path;    // our grouped path would take it (else per pair)
 };
 // sorted_pairs: the caller says the pairs' indices are sorted (sorted
-// indices that no broadcast repeats).
+// indices that no broadcast repeats); grouped_path: grouped_gather(...).
 GatherRows gather_rows(
     int64_t pairs,
     int64_t M,
@@ -94,7 +96,13 @@ GatherRows gather_rows(
     int64_t x_matrices,
     int64_t experts,
     int x_itemsize,
-    bool sorted_pairs);
+    bool sorted_pairs,
+    bool grouped_path);
+
+// Whether the primitive's plan takes the gather `problem` (x row-contiguous
+// and 16-byte aligned unless its pointer_alignment says otherwise) by the
+// grouped path when automatic.
+bool grouped_gather(const QmmProblem& problem);
 
 inline constexpr int kGroupedGemmMaxExperts = 1024;
 inline constexpr int64_t kMaxGridZ = 65535;
@@ -103,15 +111,21 @@ inline constexpr int64_t kMaxGridZ = 65535;
 // 228 / 1109 us, 2048 tokens (256) 2169 / 1977, 8192 tokens (1024) 8326 /
 // 5651: even at about 1,700 tokens.
 inline constexpr int kGatherRowsPerExpert = 192;
+// Against the per-pair kernels (gathers the grouped path does not take),
+// measured the same way with the per-pair x @ W^T kernel (the simple request
+// at one row a pair) / dequantize + gather_mm: 64 tokens (8 rows an expert)
+// 844 / 1067 us, 128 tokens (16) 1625 / 1109.
+inline constexpr int kGatherRowsPerExpertPerPair = 12;
 // The transient copy of the experts stays below this (a DeepSeek-V3 layer's
 // 256 experts of 7168 x 2048 would take 7.5 GB), which also keeps the
 // grouped GEMM's expert offsets within 2^31 bytes.
 inline constexpr int64_t kGatherMaxDenseBytes = int64_t(1) << 31;
 
 // Whether such a gather takes dequantize + gather_mm: pairs the grouped GEMM
-// takes, from kGatherRowsPerExpert rows per expert, within the bytes above,
-// unless another path is requested; or on request (any layout MLX's kernels
-// take).
+// takes, from kGatherRowsPerExpert rows per expert (kGatherRowsPerExpertPerPair
+// where our grouped path does not run), within the bytes above, when
+// automatic (or grouped requested where the grouped path does not run); or
+// on request (any layout MLX's kernels take).
 bool gather_dequantize_then_matmul(
     const GatherRows& gather, KernelRequest request);
 

@@ -130,6 +130,10 @@ mx::array row_contiguous_copy(
         "[FpQuantizedMatmul] the op copies x of more than 8 axes itself.");
   }
   mx::array copy(x.shape(), x.dtype(), nullptr, {});
+  if (x.size() == 0) {
+    copy.set_data(mx::allocator::malloc(0));
+    return copy;
+  }
   copy.set_data(cuda::device_malloc(copy.nbytes(), encoder));
   encoder.add_temporary(copy);
   fc::StridedCopyArgs args{};

@@ -421,7 +421,9 @@ __global__ void __launch_bounds__(
   const uint32_t runs = *args.run_count;
   for (uint32_t r = blockIdx.y; r < runs; r += gridDim.y) {
     const PairRun run = args.pair_runs[r];
-    const bool valid = run.expert < uint32_t(args.w_matrices);
+    // Without matrices of x every row is NaN and nothing of x is read.
+    const bool valid =
+        run.expert < uint32_t(args.w_matrices) && args.x_matrices > 0;
     const int64_t expert = valid ? run.expert : 0;
     const Operands<T, encoding> op{
         args.w + expert * w_matrix_words,

@@ -202,7 +202,8 @@ int main() {
   // order) from 192 rows an expert, within MLX's grouped GEMM's 1024 experts
   // and 4 GiB of dequantized experts; any layout on request.
   auto moe = [](int64_t pairs, int64_t M, int64_t x_matrices, bool sorted) {
-    return cu::gather_rows(pairs, M, 2880, 2880, x_matrices, 32, 2, sorted);
+    return cu::gather_rows(
+        pairs, M, 2880, 2880, x_matrices, 32, 2, sorted, M == 1);
   };
   auto takes = [](const cu::GatherRows& rows) {
     return cu::gather_dequantize_then_matmul(rows, KernelRequest::automatic);
@@ -213,15 +214,32 @@ int main() {
           takes(moe(6144, 1, 6144, true)) && !takes(moe(6143, 1, 6143, true)) &&
           takes(moe(8192, 1, 2048, false)) && !takes(moe(8192, 2, 8192, true)),
       "gather: dequantize + gather_mm for single rows from 192 an expert");
+  // Where our grouped path does not run (x @ W, float32 x with float
+  // scales, ...), from 12 rows an expert; a grouped request is automatic
+  // there.
+  auto per_pair = [](int64_t pairs) {
+    return cu::gather_rows(pairs, 1, 2880, 2880, pairs, 32, 2, true, false);
+  };
+  check(
+      takes(per_pair(384)) && !takes(per_pair(383)) &&
+          cu::gather_dequantize_then_matmul(
+              per_pair(384), KernelRequest::grouped) &&
+          !cu::gather_dequantize_then_matmul(
+              moe(8192, 1, 8192, true), KernelRequest::grouped) &&
+          cu::dequantize_then_matmul(
+              cu::kSimpleRows + 1, KernelRequest::grouped),
+      "gather: dequantize + gather_mm from 12 rows an expert per pair");
   check(
       moe(4096, 1, 4096, true).dense_bytes == int64_t(32) * 2880 * 2880 * 2 &&
           !takes(
-              cu::gather_rows(1 << 16, 1, 1536, 5120, 1 << 16, 160, 2, true)) &&
-          !cu::gather_rows(1 << 20, 1, 64, 64, 1 << 20, 1025, 2, true)
+              cu::gather_rows(
+                  1 << 16, 1, 1536, 5120, 1 << 16, 160, 2, true, true)) &&
+          !cu::gather_rows(1 << 20, 1, 64, 64, 1 << 20, 1025, 2, true, true)
                .grouped &&
-          cu::gather_rows(1 << 20, 1, 1024, 1024, 1 << 20, 8, 4, true)
+          cu::gather_rows(1 << 20, 1, 1024, 1024, 1 << 20, 8, 4, true, true)
               .grouped &&
-          !cu::gather_rows(1 << 20, 1, 1024, 1025, 1 << 20, 8, 4, true).grouped,
+          !cu::gather_rows(1 << 20, 1, 1024, 1025, 1 << 20, 8, 4, true, true)
+               .grouped,
       "gather: the grouped GEMM's limits (2 GiB of experts, 4 GiB of x or "
       "y, 1024 experts)");
   check(
@@ -234,7 +252,7 @@ int main() {
           !cu::gather_dequantize_then_matmul(
               moe(65536, 2, 65536, true), KernelRequest::dequantize) &&
           !cu::gather_dequantize_then_matmul(
-              cu::gather_rows(65535, 16, 4096, 4096, 65535, 8, 2, false),
+              cu::gather_rows(65535, 16, 4096, 4096, 65535, 8, 2, false, false),
               KernelRequest::dequantize),
       "gather: requests, within MLX's other kernels' grid and 32-bit offsets");
   auto many = cu::plan(
