@@ -56,11 +56,6 @@ SIMPLE_ROWS = 40
 TF32_TOLERANCE = 2e-3
 
 
-# A sorted gather in mlx-lm's layout takes dequantize + gather_mm from this many
-# rows an expert.
-GATHER_ROWS_PER_EXPERT = 192
-
-
 def bound(dtype, planned_dequantize):
     """The error bound of a product of x in `dtype`, given whether the plan (when
     MLX_FPQMM_KERNEL does not force a path) takes dequantize + matmul."""
@@ -77,9 +72,16 @@ def tolerance(x, w_q):
     return bound(x.dtype, rows > SIMPLE_ROWS)
 
 
-def sorted_gather_tolerance(x, experts):
-    """For mlx-lm's sorted layout, x (pairs, 1, K)."""
-    return bound(x.dtype, x.shape[0] >= GATHER_ROWS_PER_EXPERT * experts)
+def gather_tolerance(x, w_q, scales, rhs, mode, **kwargs):
+    """The error bound of a gather without lhs_indices, from the path that the CUDA
+    plan takes for it (dequantize + gather_mm multiplies float32 x in TF32)."""
+    plan = mlx_fpqmm.kernel_path(
+        x, w_q, scales, rhs_indices=rhs, mode=mode, device="cuda", **kwargs
+    )
+    tf32 = os.environ.get("MLX_ENABLE_TF32", "1") != "0"
+    if x.dtype == mx.float32 and tf32 and plan["path"] == "dequantize_matmul":
+        return TF32_TOLERANCE
+    return TOLERANCE[x.dtype]
 
 
 def check(mode, x, w_q, scales, transpose=True, global_scale=None):
@@ -296,7 +298,10 @@ def test_gather_sorted_many_rows_each_path(mode, dtype, transpose, kernel, monke
     assert np.isnan(y[-2:]).all() and not np.isnan(y[:-2]).any()
     lhs = mx.arange(254, dtype=mx.uint32)
     reference = gather_reference(x[:-2], w_q, scales, lhs, rhs[:-2], mode, transpose)
-    assert relative_error(mx.array(y[:-2]), reference) < sorted_gather_tolerance(x, E)
+    limit = gather_tolerance(
+        x, w_q, scales, mx.array(rhs), mode, transpose=transpose, sorted_indices=True
+    )
+    assert relative_error(mx.array(y[:-2]), reference) < limit
 
 
 @pytest.mark.parametrize("layout", ["strided", "expanded", "repeated"])
@@ -353,7 +358,10 @@ def test_gather_nvfp4_expert_scales(pairs, kernel, monkeypatch):
     )
     lhs = mx.arange(pairs, dtype=mx.uint32)
     reference = gather_reference(x, w_q, scales, lhs, rhs, "nvfp4", global_scale=global_scale)
-    assert relative_error(y, reference) < sorted_gather_tolerance(x, E)
+    limit = gather_tolerance(
+        x, w_q, scales, rhs, "nvfp4", global_scale=global_scale, sorted_indices=True
+    )
+    assert relative_error(y, reference) < limit
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
