@@ -4,7 +4,8 @@ cmake/sources.cmake) is compiled by nvcc (the ``nvidia-cuda-nvcc`` wheel of the
 test dependencies, or the toolkit's on PATH) for every architecture CMake builds,
 against MLX's own CUDA headers: the ``mlx-cuda-13`` wheel of the pinned version,
 downloaded once and unpacked (its ``libmlx.so`` is never loaded, so no driver is
-needed). A CUDA compile error cannot land."""
+needed), and so is the standalone kernel harness. A CUDA compile error cannot
+land."""
 
 from __future__ import annotations
 
@@ -101,9 +102,14 @@ def compile_sources(root: Path, sources: list[str], out: Path):
         return dict(zip(sources, pool.map(build, sources), strict=True))
 
 
+# The standalone harness (csrc/backend/cuda/testing/build.sh builds it on a
+# GPU machine) compiles here too, with the extension's flags.
+HARNESSES = ["csrc/backend/cuda/testing/harness.cu"]
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    sources = cmake_lists()["FPQMM_CUDA_SOURCES"]
+    sources = cmake_lists()["FPQMM_CUDA_SOURCES"] + HARNESSES
     return compile_sources(ROOT, sources, tmp_path_factory.mktemp("cuda"))
 
 
@@ -118,7 +124,7 @@ def test_source_list_covers_the_cuda_sources():
     assert listed == on_disk
 
 
-@pytest.mark.parametrize("source", cmake_lists()["FPQMM_CUDA_SOURCES"])
+@pytest.mark.parametrize("source", cmake_lists()["FPQMM_CUDA_SOURCES"] + HARNESSES)
 def test_cuda_compiles(results, source):
     result = results[source]
     if result.returncode != 0:

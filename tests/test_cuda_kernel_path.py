@@ -63,18 +63,27 @@ def test_requests_force_the_path():
 
 
 def gather_path(
-    pairs, experts=32, M=1, sorted_indices=True, kernel=None, lhs=False, NK=(2880, 2880)
+    pairs,
+    experts=32,
+    M=1,
+    sorted_indices=True,
+    kernel=None,
+    lhs=False,
+    NK=(2880, 2880),
+    mode="mxfp4",
 ):
-    """A gather over `experts` (N, K) mxfp4 experts: x (pairs, M, K), indices (pairs,)."""
+    """A gather over `experts` (N, K) experts, mxfp4 (or fp8 with float16 scales):
+    x (pairs, M, K) in float32, indices (pairs,)."""
     n, k = NK
-    w = mx.zeros((experts, n, k // 8), mx.uint32)
-    scales = mx.zeros((experts, n, k // 32), mx.uint8)
+    codes_per_word, scale_dtype = (8, mx.uint8) if mode == "mxfp4" else (4, mx.float16)
+    w = mx.zeros((experts, n, k // codes_per_word), mx.uint32)
+    scales = mx.zeros((experts, n, k // 32), scale_dtype)
     extra = {"lhs_indices": mx.arange(pairs)} if lhs else {}
     return mlx_fpqmm.kernel_path(
         mx.zeros((pairs, M, k)),
         w,
         scales,
-        mode="mxfp4",
+        mode=mode,
         rhs_indices=mx.zeros((pairs,), mx.uint32),
         sorted_indices=sorted_indices,
         device="sm_90",
@@ -174,17 +183,8 @@ def test_gather_without_the_grouped_path_dequantizes_from_12_rows_an_expert(pair
     """float32 x with fp8's float scales: the per-pair kernels (W staged), against
     which dequantize + gather_mm wins from 12 rows an expert; a grouped request
     plans as automatic there."""
-    w = mx.zeros((32, 2880, 2880 // 4), mx.uint32)
-    scales = mx.zeros((32, 2880, 2880 // 32), mx.float16)
     for kernel in (None, "grouped"):
-        plan = mlx_fpqmm.kernel_path(
-            mx.zeros((pairs, 1, 2880)),
-            w,
-            scales,
-            mode="fp8",
-            rhs_indices=mx.zeros((pairs,), mx.uint32),
-            sorted_indices=True,
-            device="sm_90",
-            kernel=kernel,
-        )
+        plan = gather_path(pairs, kernel=kernel, mode="fp8")
         assert plan["path"] == expected, plan["note"]
+    if expected == "dequantize_matmul":
+        assert "at least 12 an expert" in plan["note"]

@@ -266,10 +266,12 @@ mx::array readable_in_place_copy(const mx::array& a, mx::Stream stream) {
 
 mx::array x_for_product(const mx::array& x, int w_ndim, mx::Stream stream) {
 #if defined(MLX_FPQMM_CUDA)
+  // Once: this runs for every product of a decoding model.
+  static const bool cuda_gpu = cuda::running_device().has_value();
   // x's axes after the broadcast against W's batch.
   const int ndim = std::max(static_cast<int>(x.ndim()), w_ndim);
-  if (stream.device == mx::Device::gpu && ndim <= fpqmm::cuda::kMaxCopyDims &&
-      cuda::running_device().has_value()) {
+  if (cuda_gpu && stream.device == mx::Device::gpu &&
+      ndim <= fpqmm::cuda::kMaxCopyDims) {
     return x;
   }
 #endif

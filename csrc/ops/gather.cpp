@@ -91,27 +91,16 @@ std::optional<mx::array> dequantized_gather(
     return std::nullopt;
   }
   const int64_t experts = matrix_count(w);
-  const int M = x.shape(-2);
-  const int K = x.shape(-1);
-  // The primitive's problem, as its plan would see it (only shapes and
-  // types).
-  const auto problem = describe_gather_problem(
-      {x, w, scales, lhs_indices, rhs_indices},
-      {N},
-      mode,
-      group_size,
-      transpose,
-      sorted_pairs);
+  // The gather as the primitive's plan would see it (shapes and types).
   const auto gather = cuda::gather_rows(
-      pairs,
-      M,
-      N,
-      K,
-      matrix_count(x),
-      experts,
-      static_cast<int>(x.itemsize()),
-      sorted_pairs,
-      cuda::grouped_gather(problem));
+      describe_gather_problem(
+          {x, w, scales, lhs_indices, rhs_indices},
+          {N},
+          mode,
+          group_size,
+          transpose,
+          sorted_pairs),
+      sorted_pairs);
   if (!builds_dequantize(stream, [&](cuda::KernelRequest request) {
         return cuda::gather_dequantize_then_matmul(gather, request);
       })) {

@@ -237,8 +237,21 @@ bool FpDequantize::is_equivalent(const mx::Primitive& other) const {
   return state() == static_cast<const FpDequantize&>(other).state();
 }
 
+int64_t FpDequantize::global_scales(const std::vector<mx::array>& inputs) {
+  if (inputs.size() < 3) {
+    return 1;
+  }
+  const int64_t count = inputs[2].size();
+  if (count != 1 && count != matrix_count(inputs[0])) {
+    throw std::logic_error(
+        "[FpDequantize] one global scale, or one per matrix of w.");
+  }
+  return count;
+}
+
 std::vector<mx::Shape> FpDequantize::output_shapes(
     const std::vector<mx::array>& inputs) {
+  global_scales(inputs);
   auto shape = inputs[0].shape();
   shape.back() *= format_for(mode_).elements_per_word();
   return {shape};

@@ -246,6 +246,10 @@ class FpDequantize : public mx::UnaryPrimitive {
     return std::make_tuple(mode_, group_size_, dtype_);
   }
 
+  // The global scales among `inputs` (1 without any: a factor of 1): one
+  // for all of w, or one per matrix of w; throws std::logic_error otherwise.
+  static int64_t global_scales(const std::vector<mx::array>& inputs);
+
  private:
   Mode mode_;
   int group_size_;

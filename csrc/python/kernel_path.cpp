@@ -248,22 +248,6 @@ nb::dict launch_dict(const cuda::Launch& launch) {
   return result;
 }
 
-// A gather without lhs_indices as the op's choice of dequantize +
-// gather_mm sees it (ops/gather.cpp); rhs_size: the size of the rhs_indices
-// given, before their broadcast.
-cuda::GatherRows gather_rows_of(const QmmProblem& problem, int64_t rhs_size) {
-  return cuda::gather_rows(
-      problem.batch_count(),
-      problem.M,
-      problem.N,
-      problem.K,
-      problem.x_matrices,
-      problem.w_matrices,
-      itemsize(problem.x_type),
-      problem.right_sorted && rhs_size == problem.batch_count(),
-      cuda::grouped_gather(problem));
-}
-
 // Why the CUDA plan dequantizes W and multiplies with MLX's matmul (or, for
 // `gather`, gather_mm).
 std::string dequantize_note(
@@ -279,8 +263,9 @@ std::string dequantize_note(
   if (gather) {
     return std::to_string(gather->rows) + " rows over " +
            std::to_string(gather->experts) + " experts (at least " +
-           std::to_string(cuda::kGatherRowsPerExpert) + " an expert" +
-           (gather->in_order ? "" : ", sorted first") + "): " + then;
+           std::to_string(cuda::gather_rows_per_expert(*gather)) +
+           " an expert" + (gather->in_order ? "" : ", sorted first") +
+           "): " + then;
   }
   return "M=" + std::to_string(problem.M) + " is above " +
          std::to_string(cuda::kSimpleRows) + " rows: " + then;
@@ -312,9 +297,8 @@ nb::dict cuda_plan_dict(
     auto named = cuda::kernel_request_from_name(*kernel);
     if (!named) {
       throw std::invalid_argument(
-          "kernel='" + *kernel +
-          "' is not one of 'auto', 'qmv', 'simple', 'qmv_staged', "
-          "'dequantize', 'grouped'.");
+          "kernel='" + *kernel + "' is not one of " + cuda::request_names() +
+          ".");
     }
     request = *named;
   }
@@ -481,7 +465,11 @@ nb::dict plan_call(
   if (cuda_device) {
     std::optional<cuda::GatherRows> gather_without_lhs;
     if (gather && !lhs_indices) {
-      gather_without_lhs = gather_rows_of(problem, rhs_indices->size());
+      // As the op sees it (ops/gather.cpp): sorted indices that a broadcast
+      // repeats are not sorted pairs.
+      gather_without_lhs = cuda::gather_rows(
+          problem,
+          problem.right_sorted && rhs_indices->size() == problem.batch_count());
     }
     result = cuda_plan_dict(problem, gather_without_lhs, *cuda_device, kernel);
   } else {

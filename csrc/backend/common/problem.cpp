@@ -17,14 +17,6 @@ std::vector<int64_t> batch_strides(const mx::array& a, bool strides_known) {
 
 }  // namespace
 
-int64_t QmmProblem::batch_count() const {
-  int64_t count = 1;
-  for (int size : batch_shape) {
-    count *= size;
-  }
-  return count;
-}
-
 QmmProblem describe_problem(
     const std::vector<mx::array>& inputs,
     const mx::Shape& out_shape,

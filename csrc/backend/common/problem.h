@@ -45,7 +45,13 @@ struct QmmProblem {
   // multiple of (known at evaluation; 16 when the plan is only inspected).
   int pointer_alignment = 16;
 
-  int64_t batch_count() const;
+  int64_t batch_count() const {
+    int64_t count = 1;
+    for (int size : batch_shape) {
+      count *= size;
+    }
+    return count;
+  }
 };
 
 // `inputs` are the primitive's (Input in primitives.h), already readable in

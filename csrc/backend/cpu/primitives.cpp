@@ -1,7 +1,6 @@
 // FpQuantizedMatmul on the CPU: one kernel call per batch element, on inputs
 // the op has made readable in place (readable_in_place in primitives.h); and
 // FpDequantize.
-#include <stdexcept>
 #include <vector>
 
 #include "backend/cpu/dispatch.h"
@@ -94,18 +93,11 @@ void FpDequantize::eval_cpu(
         const auto& scales = inputs[1];
         const int64_t cols = out.shape(-1);
         const int64_t rows = static_cast<int64_t>(out.size()) / cols;
-        std::vector<float> factors = {1.0f};
+        std::vector<float> factors(FpDequantize::global_scales(inputs), 1.0f);
         if (inputs.size() > 2) {
-          const auto& global_scale = inputs[2];
-          factors.resize(global_scale.size());
           for (size_t i = 0; i < factors.size(); ++i) {
-            factors[i] =
-                global_scale.data<float>()[i] / kNvfp4GlobalScaleDivisor;
+            factors[i] = inputs[2].data<float>()[i] / kNvfp4GlobalScaleDivisor;
           }
-        }
-        if (rows % static_cast<int64_t>(factors.size()) != 0) {
-          throw std::logic_error(
-              "[FpDequantize] one global scale, or one per matrix of w.");
         }
         cpu::dequantize(
             cpu::DequantizeArgs{

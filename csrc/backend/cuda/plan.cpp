@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <stdexcept>
+#include <utility>
 
 #include "backend/common/kernel_request.h"
 
@@ -49,10 +50,7 @@ std::string kernel_name(const KernelKey& key) {
 
 // The batch axes with runs contiguous in all three arrays folded into one.
 void fold_batch(const QmmProblem& p, KernelPlan& plan) {
-  plan.batch_count = 1;
-  for (int size : p.batch_shape) {
-    plan.batch_count *= size;
-  }
+  plan.batch_count = p.batch_count();
   if (p.gather) {
     plan.batch_shape = {static_cast<int>(plan.batch_count)};
     plan.x_batch_strides = {0};
@@ -169,6 +167,24 @@ void split_in_cluster(
                " splits adding up in a thread block cluster";
 }
 
+// A kernel that loops over `items` (a thread each per step): blocks of
+// `threads`, up to blocks_per_sm per SM.
+Launch grid_stride_launch(
+    std::string kernel,
+    int64_t items,
+    int threads,
+    int blocks_per_sm,
+    const CudaDevice& device) {
+  return Launch{
+      std::move(kernel),
+      {static_cast<int>(std::min<int64_t>(
+           ceil_div(items, threads), int64_t(device.sm_count) * blocks_per_sm)),
+       1,
+       1},
+      {threads, 1, 1},
+      0};
+}
+
 // Blocks per SM of the kernels without launch bounds' minimum (about what
 // their shared memory and registers allow).
 constexpr int kStagedResident = 2;
@@ -249,18 +265,14 @@ void plan_grouped(const QmmProblem& p, const Format& format, KernelPlan& plan) {
       {1, 1, 1},
       {fc::kGroupThreads, 1, 1},
       fc::kGroupSharedBytes};
-  plan.grouping_bytes = 16 + runs * int64_t(sizeof(fc::PairRun)) +
-                        plan.batch_count * int64_t(sizeof(uint32_t));
+  plan.grouping_bytes = fc::grouping_scratch_bytes(runs, plan.batch_count);
   plan.split_k_step = p.K;
 }
 
 }  // namespace
 
 bool grouped_gather(const QmmProblem& problem) {
-  int64_t pairs = 1;
-  for (int size : problem.batch_shape) {
-    pairs *= size;
-  }
+  const int64_t pairs = problem.batch_count();
   return pairs >= kGroupedMinPairs &&
          grouped_reason(problem, format_for(problem.mode), pairs).empty();
 }
@@ -278,30 +290,27 @@ bool dequantize_then_matmul(int64_t M, KernelRequest request) {
           M > kSimpleRows);
 }
 
-GatherRows gather_rows(
-    int64_t pairs,
-    int64_t M,
-    int64_t N,
-    int64_t K,
-    int64_t x_matrices,
-    int64_t experts,
-    int x_itemsize,
-    bool sorted_pairs,
-    bool grouped_path) {
+GatherRows gather_rows(const QmmProblem& p, bool sorted_pairs) {
   constexpr int64_t k2to31 = int64_t(1) << 31;
   constexpr int64_t k2to32 = int64_t(1) << 32;
-  const int64_t dense_bytes = experts * N * K * x_itemsize;
-  const int64_t row_bytes = std::max(N, K) * x_itemsize;
+  const int64_t pairs = p.batch_count();
+  const int64_t M = p.M;
+  const int64_t N = p.N;
+  const int64_t K = p.K;
+  const int64_t experts = p.w_matrices;
+  const int64_t x_bytes = itemsize(p.x_type);
+  const int64_t dense_bytes = experts * N * K * x_bytes;
+  const int64_t row_bytes = std::max(N, K) * x_bytes;
   return GatherRows{
       pairs * M,
       experts,
       dense_bytes,
       M == 1 && experts <= kGroupedGemmMaxExperts &&
           dense_bytes <= kGatherMaxDenseBytes && pairs * row_bytes <= k2to32,
-      sorted_pairs && x_matrices == pairs,
+      sorted_pairs && p.x_matrices == pairs,
       pairs <= kMaxGridZ && pairs * M * N < k2to31 &&
-          x_matrices * M * K < k2to32 && experts * N * K < k2to32,
-      grouped_path};
+          p.x_matrices * M * K < k2to32 && experts * N * K < k2to32,
+      grouped_gather(p)};
 }
 
 bool gather_dequantize_then_matmul(
@@ -312,10 +321,13 @@ bool gather_dequantize_then_matmul(
   const bool automatic =
       request == KernelRequest::automatic ||
       (request == KernelRequest::grouped && !gather.grouped_path);
-  const int64_t rows_per_expert =
-      gather.grouped_path ? kGatherRowsPerExpert : kGatherRowsPerExpertPerPair;
   return automatic && gather.grouped &&
-         gather.rows >= rows_per_expert * gather.experts;
+         gather.rows >= gather_rows_per_expert(gather) * gather.experts;
+}
+
+int64_t gather_rows_per_expert(const GatherRows& gather) {
+  return gather.grouped_path ? kGatherRowsPerExpert
+                             : kGatherRowsPerExpertPerPair;
 }
 
 namespace {
@@ -336,6 +348,10 @@ std::optional<KernelRequest> kernel_request_from_name(std::string_view name) {
 
 std::string_view request_name(KernelRequest request) {
   return name_of(kRequestNames, request);
+}
+
+std::string request_names() {
+  return listed(kRequestNames);
 }
 
 KernelRequest kernel_request_from_env() {
@@ -565,29 +581,22 @@ DequantizePlan plan_dequantize(
   }
   DequantizePlan plan;
   plan.key = KernelKey{KernelFamily::dequantize, bits, encoding, out_type, 0};
-  const int64_t words = rows * K / (32 / bits);
-  plan.launch = Launch{
+  plan.launch = grid_stride_launch(
       kernel_name(plan.key),
-      {static_cast<int>(std::min<int64_t>(
-           ceil_div(words, fc::kDequantizeThreads),
-           int64_t(device.sm_count) * fc::kDequantizeBlocksPerSm)),
-       1,
-       1},
-      {fc::kDequantizeThreads, 1, 1},
-      0};
+      rows * K / (32 / bits),
+      fc::kDequantizeThreads,
+      fc::kDequantizeBlocksPerSm,
+      device);
   return plan;
 }
 
 Launch plan_strided_copy(int64_t elements, const CudaDevice& device) {
-  return Launch{
+  return grid_stride_launch(
       "fpqmm_strided_copy",
-      {static_cast<int>(std::min<int64_t>(
-           ceil_div(elements, fc::kCopyThreads),
-           int64_t(device.sm_count) * fc::kCopyBlocksPerSm)),
-       1,
-       1},
-      {fc::kCopyThreads, 1, 1},
-      0};
+      elements,
+      fc::kCopyThreads,
+      fc::kCopyBlocksPerSm,
+      device);
 }
 
 fpqmm::cuda::QmmArgs kernel_args(

@@ -86,22 +86,14 @@ struct GatherRows {
   bool other_kernels;   // MLX's other gather_mm kernels take it
   bool grouped_path;    // our grouped path would take it (else per pair)
 };
-// sorted_pairs: the caller says the pairs' indices are sorted (sorted
-// indices that no broadcast repeats); grouped_path: grouped_gather(...).
-GatherRows gather_rows(
-    int64_t pairs,
-    int64_t M,
-    int64_t N,
-    int64_t K,
-    int64_t x_matrices,
-    int64_t experts,
-    int x_itemsize,
-    bool sorted_pairs,
-    bool grouped_path);
+// The gather `problem` (the primitive's, x row-contiguous and 16-byte
+// aligned unless its pointer_alignment says otherwise) as that choice sees
+// it. sorted_pairs: the caller says the pairs' indices are sorted (sorted
+// indices that no broadcast repeats).
+GatherRows gather_rows(const QmmProblem& problem, bool sorted_pairs);
 
-// Whether the primitive's plan takes the gather `problem` (x row-contiguous
-// and 16-byte aligned unless its pointer_alignment says otherwise) by the
-// grouped path when automatic.
+// Whether the primitive's plan takes the gather `problem` by the grouped
+// path when automatic.
 bool grouped_gather(const QmmProblem& problem);
 
 inline constexpr int kGroupedGemmMaxExperts = 1024;
@@ -109,12 +101,13 @@ inline constexpr int64_t kMaxGridZ = 65535;
 // Measured on the H200 (README), 32 experts of 2880 x 2880, top 4, mxfp4,
 // the grouped path / dequantize + gather_mm: 128 tokens (16 rows an expert)
 // 228 / 1109 us, 2048 tokens (256) 2169 / 1977, 8192 tokens (1024) 8326 /
-// 5651: even at about 1,700 tokens.
+// 5651: even at about 1,700 tokens (two runs, not side by side).
 inline constexpr int kGatherRowsPerExpert = 192;
 // Against the per-pair kernels (gathers the grouped path does not take),
-// measured the same way with the per-pair x @ W^T kernel (the simple request
-// at one row a pair) / dequantize + gather_mm: 64 tokens (8 rows an expert)
-// 844 / 1067 us, 128 tokens (16) 1625 / 1109.
+// from two bench calls of one H200 session, the per-pair x @ W^T kernel (the
+// simple request at one row a pair) / dequantize + gather_mm: 64 tokens (8
+// rows an expert) 844 / 1067 us, 128 tokens (16) 1625 / 1109. Not measured
+// for x @ W or the staged kernel.
 inline constexpr int kGatherRowsPerExpertPerPair = 12;
 // The transient copy of the experts stays below this (a DeepSeek-V3 layer's
 // 256 experts of 7168 x 2048 would take 7.5 GB), which also keeps the
@@ -128,10 +121,13 @@ inline constexpr int64_t kGatherMaxDenseBytes = int64_t(1) << 31;
 // on request (any layout MLX's kernels take).
 bool gather_dequantize_then_matmul(
     const GatherRows& gather, KernelRequest request);
+// The rows per expert from which the automatic choice takes it.
+int64_t gather_rows_per_expert(const GatherRows& gather);
 
 std::string_view path_name(KernelPath path);
 std::optional<KernelRequest> kernel_request_from_name(std::string_view name);
 std::string_view request_name(KernelRequest request);  // "auto", ...
+std::string request_names();  // "auto, qmv, ...", for messages
 // MLX_FPQMM_KERNEL=auto|qmv|simple|qmv_staged|dequantize|grouped (unset:
 // auto; qmv asks for the decode kernels of either orientation, per gather
 // pair, qmv_staged for x @ W^T's kernel that stages W in shared memory,
@@ -186,8 +182,8 @@ struct KernelPlan {
   int64_t partials_bytes = 0;
   std::optional<Launch> reduction;
   // The grouped path: `grouping` (fp_group_pairs) runs first and writes
-  // grouping_bytes of scratch: the run count (16 bytes), max_runs runs, the
-  // pairs' order.
+  // grouping_bytes of scratch (fpqmm::cuda::place_grouping_scratch's layout,
+  // room for max_runs runs).
   std::optional<Launch> grouping;
   int64_t grouping_bytes = 0;
   int max_runs = 0;

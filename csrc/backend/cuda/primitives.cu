@@ -120,6 +120,16 @@ int pointer_alignment(std::initializer_list<const mx::array*> arrays) {
   return static_cast<int>(bits & (~bits + 1));
 }
 
+// A new row-contiguous array in device memory for the kernels recorded
+// next, which the encoder keeps until they are done.
+mx::array device_temporary(
+    mx::Shape shape, mx::Dtype dtype, mx::cu::CommandEncoder& encoder) {
+  mx::array a(std::move(shape), dtype, nullptr, {});
+  a.set_data(cuda::device_malloc(a.nbytes(), encoder));
+  encoder.add_temporary(a);
+  return a;
+}
+
 // `x` (float32, float16 or bfloat16, of any strides) copied on the stream
 // into a new row-contiguous array, which the encoder keeps until the kernels
 // that read it are done.
@@ -129,13 +139,12 @@ mx::array row_contiguous_copy(
     throw std::logic_error(
         "[FpQuantizedMatmul] the op copies x of more than 8 axes itself.");
   }
-  mx::array copy(x.shape(), x.dtype(), nullptr, {});
   if (x.size() == 0) {
-    copy.set_data(mx::allocator::malloc(0));
-    return copy;
+    mx::array empty(x.shape(), x.dtype(), nullptr, {});
+    empty.set_data(mx::allocator::malloc(0));
+    return empty;
   }
-  copy.set_data(cuda::device_malloc(copy.nbytes(), encoder));
-  encoder.add_temporary(copy);
+  auto copy = device_temporary(x.shape(), x.dtype(), encoder);
   fc::StridedCopyArgs args{};
   args.src = mx::gpu_ptr<void>(x);
   args.dst = mx::gpu_ptr<void>(copy);
@@ -177,17 +186,12 @@ void run(
   }
   const void* main = fc::main_kernel(plan.key);
   if (plan.grouping) {
-    mx::array scratch(
+    auto scratch = device_temporary(
         {static_cast<int>(plan.grouping_bytes / sizeof(uint32_t))},
         mx::uint32,
-        nullptr,
-        {});
-    scratch.set_data(cuda::device_malloc(scratch.nbytes(), encoder));
-    encoder.add_temporary(scratch);
-    auto* words = mx::gpu_ptr<uint32_t>(scratch);
-    args.run_count = words;
-    args.pair_runs = reinterpret_cast<fc::PairRun*>(words + 4);
-    args.pair_order = words + 4 + plan.max_runs * sizeof(fc::PairRun) / 4;
+        encoder);
+    fc::place_grouping_scratch(
+        args, mx::gpu_ptr<uint32_t>(scratch), plan.max_runs);
     encoder.set_output_array(scratch);
     add_launch(encoder, *plan.grouping, fc::group_pairs_kernel(), args);
     encoder.set_input_array(scratch);
@@ -197,13 +201,10 @@ void run(
     add_launch(encoder, plan.main, main, args);
     return;
   }
-  mx::array partials(
+  auto partials = device_temporary(
       {static_cast<int>(plan.partials_bytes / sizeof(float))},
       mx::float32,
-      nullptr,
-      {});
-  partials.set_data(cuda::device_malloc(partials.nbytes(), encoder));
-  encoder.add_temporary(partials);
+      encoder);
   args.partials = mx::gpu_ptr<float>(partials);
   encoder.set_output_array(partials);
   add_launch(encoder, plan.main, main, args);
@@ -307,14 +308,9 @@ void FpDequantize::eval_gpu(
   fc::QmmArgs args{};
   args.w = mx::gpu_ptr<uint32_t>(w);
   args.scales = mx::gpu_ptr<void>(scales);
-  args.w_matrices = 1;
+  args.w_matrices = static_cast<int>(global_scales(inputs));
   if (inputs.size() > 2) {
     args.global_scale = mx::gpu_ptr<float>(inputs[2]);
-    args.w_matrices = static_cast<int>(inputs[2].size());
-  }
-  if (args.w_matrices == 0 || rows % args.w_matrices != 0) {
-    throw std::logic_error(
-        "[FpDequantize] one global scale, or one per matrix of w.");
   }
   args.y = mx::gpu_ptr<void>(out);
   args.N = static_cast<int>(rows);

@@ -184,4 +184,19 @@ struct QmmArgs {
   uint32_t* run_count;
 };
 
+// The grouped path's scratch, 32-bit words from a 16-byte aligned start:
+// the run count (in 16 bytes, so that the runs stay aligned), room for
+// max_runs runs, then the pairs' order.
+inline constexpr int64_t kRunCountWords = 4;
+constexpr int64_t grouping_scratch_bytes(int64_t max_runs, int64_t pairs) {
+  return 4 * kRunCountWords + max_runs * int64_t(sizeof(PairRun)) + 4 * pairs;
+}
+inline void place_grouping_scratch(
+    QmmArgs& args, uint32_t* scratch, int64_t max_runs) {
+  args.run_count = scratch;
+  args.pair_runs = reinterpret_cast<PairRun*>(scratch + kRunCountWords);
+  args.pair_order =
+      scratch + kRunCountWords + max_runs * int64_t(sizeof(PairRun)) / 4;
+}
+
 }  // namespace fpqmm::cuda

@@ -397,9 +397,7 @@ void run_plan(const cu::KernelPlan& plan, const QmmProblem& problem,
   args.lhs_indices = d.lhs;
   args.rhs_indices = d.rhs;
   if (plan.grouping) {
-    args.run_count = d.scratch;
-    args.pair_runs = reinterpret_cast<fc::PairRun*>(d.scratch + 4);
-    args.pair_order = d.scratch + 4 + plan.max_runs * sizeof(fc::PairRun) / 4;
+    fc::place_grouping_scratch(args, d.scratch, plan.max_runs);
     launch(*plan.grouping, fc::group_pairs_kernel(), args, stream);
   }
   launch(plan.main, fc::main_kernel(plan.key), args, stream);

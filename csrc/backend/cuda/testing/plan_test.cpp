@@ -39,6 +39,26 @@ QmmProblem problem(Mode mode, bool transpose, int M, int N, int K) {
   return p;
 }
 
+// A gather of `pairs` pairs over x_matrices matrices of x (M x K) and
+// `experts` mxfp4 experts (N x K), x @ W^T (or x @ W).
+QmmProblem gather_problem(
+    int pairs,
+    int M,
+    int N,
+    int K,
+    int x_matrices,
+    int experts,
+    FloatType x_type = FloatType::bfloat16,
+    bool transpose = true) {
+  QmmProblem p = problem(Mode::mxfp4, transpose, M, N, K);
+  p.x_type = x_type;
+  p.gather = true;
+  p.batch_shape = {pairs};
+  p.x_matrices = x_matrices;
+  p.w_matrices = experts;
+  return p;
+}
+
 // The automatic plan of `p` on `device`.
 cu::KernelPlan auto_plan(const QmmProblem& p, const cu::CudaDevice& device) {
   return cu::plan(p, device, cu::KernelRequest::automatic);
@@ -201,9 +221,9 @@ int main() {
   // A gather: pairs of one row (sorted here unless sorted with x in pair
   // order) from 192 rows an expert, within MLX's grouped GEMM's 1024 experts
   // and 4 GiB of dequantized experts; any layout on request.
-  auto moe = [](int64_t pairs, int64_t M, int64_t x_matrices, bool sorted) {
+  auto moe = [](int pairs, int M, int x_matrices, bool sorted) {
     return cu::gather_rows(
-        pairs, M, 2880, 2880, x_matrices, 32, 2, sorted, M == 1);
+        gather_problem(pairs, M, 2880, 2880, x_matrices, 32), sorted);
   };
   auto takes = [](const cu::GatherRows& rows) {
     return cu::gather_dequantize_then_matmul(rows, KernelRequest::automatic);
@@ -214,14 +234,17 @@ int main() {
           takes(moe(6144, 1, 6144, true)) && !takes(moe(6143, 1, 6143, true)) &&
           takes(moe(8192, 1, 2048, false)) && !takes(moe(8192, 2, 8192, true)),
       "gather: dequantize + gather_mm for single rows from 192 an expert");
-  // Where our grouped path does not run (x @ W, float32 x with float
-  // scales, ...), from 12 rows an expert; a grouped request is automatic
-  // there.
-  auto per_pair = [](int64_t pairs) {
-    return cu::gather_rows(pairs, 1, 2880, 2880, pairs, 32, 2, true, false);
+  // Where our grouped path does not run (here x @ W), from 12 rows an
+  // expert; a grouped request is automatic there.
+  auto per_pair = [](int pairs) {
+    return cu::gather_rows(
+        gather_problem(
+            pairs, 1, 2880, 2880, pairs, 32, FloatType::bfloat16, false),
+        true);
   };
   check(
-      takes(per_pair(384)) && !takes(per_pair(383)) &&
+      moe(8192, 1, 8192, true).grouped_path && !per_pair(384).grouped_path &&
+          takes(per_pair(384)) && !takes(per_pair(383)) &&
           cu::gather_dequantize_then_matmul(
               per_pair(384), KernelRequest::grouped) &&
           !cu::gather_dequantize_then_matmul(
@@ -233,12 +256,20 @@ int main() {
       moe(4096, 1, 4096, true).dense_bytes == int64_t(32) * 2880 * 2880 * 2 &&
           !takes(
               cu::gather_rows(
-                  1 << 16, 1, 1536, 5120, 1 << 16, 160, 2, true, true)) &&
-          !cu::gather_rows(1 << 20, 1, 64, 64, 1 << 20, 1025, 2, true, true)
+                  gather_problem(1 << 16, 1, 1536, 5120, 1 << 16, 160),
+                  true)) &&
+          !cu::gather_rows(
+               gather_problem(1 << 20, 1, 64, 64, 1 << 20, 1025), true)
                .grouped &&
-          cu::gather_rows(1 << 20, 1, 1024, 1024, 1 << 20, 8, 4, true, true)
+          cu::gather_rows(
+              gather_problem(
+                  1 << 20, 1, 1024, 1024, 1 << 20, 8, FloatType::float32),
+              true)
               .grouped &&
-          !cu::gather_rows(1 << 20, 1, 1024, 1025, 1 << 20, 8, 4, true, true)
+          !cu::gather_rows(
+               gather_problem(
+                   1 << 20, 1, 1024, 1025, 1 << 20, 8, FloatType::float32),
+               true)
                .grouped,
       "gather: the grouped GEMM's limits (2 GiB of experts, 4 GiB of x or "
       "y, 1024 experts)");
@@ -252,7 +283,8 @@ int main() {
           !cu::gather_dequantize_then_matmul(
               moe(65536, 2, 65536, true), KernelRequest::dequantize) &&
           !cu::gather_dequantize_then_matmul(
-              cu::gather_rows(65535, 16, 4096, 4096, 65535, 8, 2, false, false),
+              cu::gather_rows(
+                  gather_problem(65535, 16, 4096, 4096, 65535, 8), false),
               KernelRequest::dequantize),
       "gather: requests, within MLX's other kernels' grid and 32-bit offsets");
   auto many = cu::plan(
