@@ -100,6 +100,34 @@ struct GatheredRows {
   }
 };
 
+// W and its scales are read once: loads that leave them out of L1, which
+// keeps x (read by every block).
+__device__ __forceinline__ uint4 load_streaming(const uint4* from) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(from));
+  return v;
+}
+
+template <typename S>
+__device__ __forceinline__ S load_streaming(const S* from) {
+  if constexpr (sizeof(S) == 1) {
+    uint16_t v;
+    asm("ld.global.nc.L1::no_allocate.u8 %0, [%1];" : "=h"(v) : "l"(from));
+    return static_cast<S>(v);
+  } else if constexpr (sizeof(S) == 2) {
+    uint16_t v;
+    asm("ld.global.nc.L1::no_allocate.b16 %0, [%1];" : "=h"(v) : "l"(from));
+    return *reinterpret_cast<const S*>(&v);
+  } else {
+    static_assert(sizeof(S) == 4);
+    uint32_t v;
+    asm("ld.global.nc.L1::no_allocate.b32 %0, [%1];" : "=r"(v) : "l"(from));
+    return *reinterpret_cast<const S*>(&v);
+  }
+}
+
 __device__ __forceinline__ float quiet_nan() {
   return __uint_as_float(0x7FC00000u);
 }

@@ -215,13 +215,14 @@ __device__ __forceinline__ void fp_qmv_impl(
       for (int h = 0; h < 2; ++h) {
         const bool in = chunk_in && row_in[t][h];
         to.codes[t][h] =
-            in ? __ldg(w_vectors + w_offsets[t][h] + k / chunk_codes)
+            in ? load_streaming(w_vectors + w_offsets[t][h] + k / chunk_codes)
                : uint4{0, 0, 0, 0};
 #pragma unroll
         for (int g = 0; g < groups; ++g) {
           const int group = (k + g * (chunk_codes / groups)) >> group_shift;
           to.scales[t][h][g] =
-              in ? __ldg(op.scales + scale_offsets[t][h] + group) : S(0);
+              in ? load_streaming(op.scales + scale_offsets[t][h] + group)
+                 : S(0);
         }
       }
     }
