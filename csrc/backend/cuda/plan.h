@@ -98,16 +98,16 @@ bool grouped_gather(const QmmProblem& problem);
 
 inline constexpr int kGroupedGemmMaxExperts = 1024;
 inline constexpr int64_t kMaxGridZ = 65535;
-// Measured on the H200 (README), 32 experts of 2880 x 2880, top 4, mxfp4,
-// the grouped path / dequantize + gather_mm: 128 tokens (16 rows an expert)
-// 228 / 1109 us, 2048 tokens (256) 2169 / 1977, 8192 tokens (1024) 8326 /
-// 5651: even at about 1,700 tokens (two runs, not side by side).
+// Measured on the H200 (README; both paths forced, one device run), 32
+// experts of 2880 x 2880, top 4, mxfp4, sorted, the grouped path /
+// dequantize + gather_mm: 1,024 tokens (128 rows an expert) 1218 / 1274 us,
+// 1,536 tokens (192) 1833 / 1415.
 inline constexpr int kGatherRowsPerExpert = 192;
-// Against the per-pair kernels (gathers the grouped path does not take),
-// from two bench calls of one H200 session, the per-pair x @ W^T kernel (the
-// simple request at one row a pair) / dequantize + gather_mm: 64 tokens (8
-// rows an expert) 844 / 1067 us, 128 tokens (16) 1625 / 1109. Not measured
-// for x @ W or the staged kernel.
+// Against the per-pair kernels (gathers the grouped path does not take), the
+// same run, the per-pair x @ W^T kernel (the simple request at one row a
+// pair) / dequantize + gather_mm, sorted: 64 tokens (8 rows an expert) 848 /
+// 1070 us, 96 tokens (12) 1222 / 1098. Not measured for x @ W or the staged
+// kernel.
 inline constexpr int kGatherRowsPerExpertPerPair = 12;
 // The transient copy of the experts stays below this (a DeepSeek-V3 layer's
 // 256 experts of 7168 x 2048 would take 7.5 GB), which also keeps the
