@@ -208,8 +208,8 @@ mx::array gather_qmm(
   }
   const bool right_sorted = sorted_indices && !lhs_indices;
   if (!lhs_indices) {
-    // Sorted indices that a broadcast repeats are not sorted pairs.
-    const bool sorted_pairs = right_sorted && rhs.size() == indices[1].size();
+    const bool sorted_pairs =
+        cuda::sorted_pairs(right_sorted, rhs.size(), indices[1].size());
     if (auto product = dequantized_gather(
             x,
             w,

@@ -465,11 +465,13 @@ nb::dict plan_call(
   if (cuda_device) {
     std::optional<cuda::GatherRows> gather_without_lhs;
     if (gather && !lhs_indices) {
-      // As the op sees it (ops/gather.cpp): sorted indices that a broadcast
-      // repeats are not sorted pairs.
+      // As the op sees it (ops/gather.cpp).
       gather_without_lhs = cuda::gather_rows(
           problem,
-          problem.right_sorted && rhs_indices->size() == problem.batch_count());
+          cuda::sorted_pairs(
+              problem.right_sorted,
+              rhs_indices->size(),
+              problem.batch_count()));
     }
     result = cuda_plan_dict(problem, gather_without_lhs, *cuda_device, kernel);
   } else {

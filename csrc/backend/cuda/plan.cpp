@@ -269,12 +269,17 @@ void plan_grouped(const QmmProblem& p, const Format& format, KernelPlan& plan) {
   plan.split_k_step = p.K;
 }
 
+// The automatic choice of the grouped path, given why it cannot run.
+bool grouped_by_default(int64_t pairs, const std::string& why_not) {
+  return pairs >= kGroupedMinPairs && why_not.empty();
+}
+
 }  // namespace
 
 bool grouped_gather(const QmmProblem& problem) {
   const int64_t pairs = problem.batch_count();
-  return pairs >= kGroupedMinPairs &&
-         grouped_reason(problem, format_for(problem.mode), pairs).empty();
+  return grouped_by_default(
+      pairs, grouped_reason(problem, format_for(problem.mode), pairs));
 }
 
 std::string_view path_name(KernelPath path) {
@@ -420,9 +425,10 @@ KernelPlan plan(
   const bool decode_rows = p.M <= kDecodeRows;
   const std::string why_not_grouped =
       grouped_reason(p, format, plan.batch_count);
-  if (why_not_grouped.empty() && (request == KernelRequest::grouped ||
-                                  (request == KernelRequest::automatic &&
-                                   plan.batch_count >= kGroupedMinPairs))) {
+  if (request == KernelRequest::grouped
+          ? why_not_grouped.empty()
+          : request == KernelRequest::automatic &&
+                grouped_by_default(plan.batch_count, why_not_grouped)) {
     plan.path = KernelPath::grouped;
     plan.note = request == KernelRequest::grouped
                     ? "grouped requested"

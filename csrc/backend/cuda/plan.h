@@ -91,6 +91,11 @@ struct GatherRows {
 // it. sorted_pairs: the caller says the pairs' indices are sorted (sorted
 // indices that no broadcast repeats).
 GatherRows gather_rows(const QmmProblem& problem, bool sorted_pairs);
+// Sorted rhs_indices make sorted pairs unless a broadcast repeats them:
+// `rhs_given` indices were given for `pairs` pairs.
+inline bool sorted_pairs(bool right_sorted, int64_t rhs_given, int64_t pairs) {
+  return right_sorted && rhs_given == pairs;
+}
 
 // Whether the primitive's plan takes the gather `problem` by the grouped
 // path when automatic.

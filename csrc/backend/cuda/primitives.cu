@@ -137,7 +137,8 @@ mx::array row_contiguous_copy(
     const mx::array& x, mx::cu::CommandEncoder& encoder) {
   if (x.ndim() > fc::kMaxCopyDims) {
     throw std::logic_error(
-        "[FpQuantizedMatmul] the op copies x of more than 8 axes itself.");
+        "[FpQuantizedMatmul] the op copies x of more than " +
+        std::to_string(fc::kMaxCopyDims) + " axes itself.");
   }
   if (x.size() == 0) {
     mx::array empty(x.shape(), x.dtype(), nullptr, {});
@@ -162,6 +163,24 @@ mx::array row_contiguous_copy(
       fc::strided_copy_kernel(static_cast<int>(x.itemsize())),
       args);
   return copy;
+}
+
+// The pointers of x, W, its scales and the global scale in the kernel
+// arguments; `Index` names the primitive's inputs (Input or GatherInput).
+template <typename Index>
+void bind_matrices(fc::QmmArgs& args, const std::vector<mx::array>& inputs) {
+  args.w = mx::gpu_ptr<uint32_t>(input(inputs, Index::w));
+  args.scales = mx::gpu_ptr<void>(input(inputs, Index::scales));
+  args.x = mx::gpu_ptr<void>(input(inputs, Index::x));
+  if (inputs.size() > static_cast<size_t>(Index::global_scale)) {
+    args.global_scale = mx::gpu_ptr<float>(input(inputs, Index::global_scale));
+  }
+}
+
+template <typename Index>
+int matrices_alignment(const std::vector<mx::array>& inputs) {
+  return pointer_alignment(
+      {&input(inputs, Index::x), &input(inputs, Index::w)});
 }
 
 // Records `problem` on the stream into `out` (allocated here): `inputs` in
@@ -240,16 +259,9 @@ void FpQuantizedMatmul::eval_gpu(
   check_readable_in_place(operands);
   auto problem = describe_problem(
       operands, out.shape(), mode_, group_size_, transpose_, true);
-  problem.pointer_alignment = pointer_alignment(
-      {&input(operands, Input::x), &input(operands, Input::w)});
+  problem.pointer_alignment = matrices_alignment<Input>(operands);
   run(stream(), problem, operands, out, [&](fc::QmmArgs& args) {
-    args.w = mx::gpu_ptr<uint32_t>(input(operands, Input::w));
-    args.scales = mx::gpu_ptr<void>(input(operands, Input::scales));
-    args.x = mx::gpu_ptr<void>(input(operands, Input::x));
-    if (has_global_scale(operands)) {
-      args.global_scale =
-          mx::gpu_ptr<float>(input(operands, Input::global_scale));
-    }
+    bind_matrices<Input>(args, operands);
   });
 }
 
@@ -261,20 +273,13 @@ void FpGatherQuantizedMatmul::eval_gpu(
   }
   auto problem = describe_gather_problem(
       inputs, out.shape(), mode_, group_size_, transpose_, right_sorted_);
-  problem.pointer_alignment = pointer_alignment(
-      {&input(inputs, GatherInput::x), &input(inputs, GatherInput::w)});
+  problem.pointer_alignment = matrices_alignment<GatherInput>(inputs);
   run(stream(), problem, inputs, out, [&](fc::QmmArgs& args) {
-    args.w = mx::gpu_ptr<uint32_t>(input(inputs, GatherInput::w));
-    args.scales = mx::gpu_ptr<void>(input(inputs, GatherInput::scales));
-    args.x = mx::gpu_ptr<void>(input(inputs, GatherInput::x));
+    bind_matrices<GatherInput>(args, inputs);
     args.lhs_indices =
         mx::gpu_ptr<uint32_t>(input(inputs, GatherInput::lhs_indices));
     args.rhs_indices =
         mx::gpu_ptr<uint32_t>(input(inputs, GatherInput::rhs_indices));
-    if (has_expert_scales(inputs)) {
-      args.global_scale =
-          mx::gpu_ptr<float>(input(inputs, GatherInput::global_scale));
-    }
   });
 }
 

@@ -163,13 +163,11 @@ __device__ __forceinline__ void transposed_grid(
     const QmmArgs& args, int rows_per_block, Body&& body) {
   constexpr int m_step = x_blocks * kXBlockRows;
   const int m_blocks = (args.M + m_step - 1) / m_step;
-  const int64_t w_matrix_words = int64_t(args.N) * args.K * bits / 32;
-  const int64_t scales_matrix = int64_t(args.N) * (args.K / args.group_size);
+  const MatrixSizes sizes = matrix_sizes<bits>(args);
   const int n0 = blockIdx.x * rows_per_block;
   for (int64_t batch = blockIdx.z; batch < args.batch_count;
        batch += gridDim.z) {
-    const auto op =
-        batch_operands<T, encoding>(args, batch, w_matrix_words, scales_matrix);
+    const auto op = batch_operands<T, encoding>(args, batch, sizes);
     T* y = static_cast<T*>(args.y) + batch * args.M * args.N;
     for (int yb = blockIdx.y; yb < m_blocks * args.split_k; yb += gridDim.y) {
       const int split = yb % args.split_k;

@@ -24,15 +24,45 @@ struct Operands {
   bool valid;
 };
 
+// One matrix of W, in 32-bit words of codes, and of its scales (groups
+// along K: N x K / group_size either way round).
+struct MatrixSizes {
+  int64_t w_words;
+  int64_t scales;
+};
+
+template <int bits>
+__device__ __forceinline__ MatrixSizes matrix_sizes(const QmmArgs& args) {
+  return {
+      int64_t(args.N) * args.K * bits / 32,
+      int64_t(args.N) * args.K / args.group_size};
+}
+
+// W matrix `expert` of a gather, with x at `x`; `valid` false: its outputs
+// are NaN (expert 0 stands in, so that nothing is read out of range).
+template <typename T, int encoding>
+__device__ __forceinline__ Operands<T, encoding> expert_operands(
+    const QmmArgs& args,
+    const MatrixSizes& sizes,
+    int64_t expert,
+    const T* x,
+    bool valid) {
+  using S = typename ScaleStorage<encoding>::type;
+  const int64_t e = valid ? expert : 0;
+  return {
+      args.w + e * sizes.w_words,
+      static_cast<const S*>(args.scales) + e * sizes.scales,
+      x,
+      global_factor(args.global_scale, e),
+      valid};
+}
+
 // The operands of batch element (or gather pair) `batch`. Without gather, x,
 // w and scales move by their strides (broadcast axes have stride 0); with
 // it, whole row-contiguous matrices are picked by the indices.
 template <typename T, int encoding>
 __device__ __forceinline__ Operands<T, encoding> batch_operands(
-    const QmmArgs& args,
-    int64_t batch,
-    int64_t w_matrix_words,
-    int64_t scales_matrix_elements) {
+    const QmmArgs& args, int64_t batch, const MatrixSizes& sizes) {
   using S = typename ScaleStorage<encoding>::type;
   const auto* x = static_cast<const T*>(args.x);
   const auto* scales = static_cast<const S*>(args.scales);
@@ -41,13 +71,12 @@ __device__ __forceinline__ Operands<T, encoding> batch_operands(
     const uint32_t rhs = args.rhs_indices[batch];
     const bool valid =
         lhs < uint32_t(args.x_matrices) && rhs < uint32_t(args.w_matrices);
-    const int64_t expert = valid ? rhs : 0;
-    return {
-        args.w + expert * w_matrix_words,
-        scales + expert * scales_matrix_elements,
+    return expert_operands<T, encoding>(
+        args,
+        sizes,
+        rhs,
         x + (valid ? lhs : 0) * (int64_t(args.M) * args.K),
-        global_factor(args.global_scale, expert),
-        valid};
+        valid);
   }
   int64_t x_offset = 0;
   int64_t w_offset = 0;

@@ -412,26 +412,21 @@ __global__ void __launch_bounds__(
     kQmvWarps* kWarpSize,
     qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, kMaxXBlocks))
     fp_qmv_grouped(const QmmArgs args) {
-  using S = typename ScaleStorage<encoding>::type;
   extern __shared__ float4 shared_floats[];
   auto* reduction = reinterpret_cast<float*>(shared_floats);
-  const int64_t w_matrix_words = int64_t(args.N) * args.K * bits / 32;
-  const int64_t scales_matrix = int64_t(args.N) * (args.K / args.group_size);
+  const MatrixSizes sizes = matrix_sizes<bits>(args);
   const int n0 =
       blockIdx.x * qmv_rows_per_block(std::is_same_v<T, __nv_bfloat16>);
   const uint32_t runs = *args.run_count;
   for (uint32_t r = blockIdx.y; r < runs; r += gridDim.y) {
     const PairRun run = args.pair_runs[r];
     // Without matrices of x every row is NaN and nothing of x is read.
-    const bool valid =
-        run.expert < uint32_t(args.w_matrices) && args.x_matrices > 0;
-    const int64_t expert = valid ? run.expert : 0;
-    const Operands<T, encoding> op{
-        args.w + expert * w_matrix_words,
-        static_cast<const S*>(args.scales) + expert * scales_matrix,
+    const auto op = expert_operands<T, encoding>(
+        args,
+        sizes,
+        run.expert,
         static_cast<const T*>(args.x),
-        global_factor(args.global_scale, expert),
-        valid};
+        run.expert < uint32_t(args.w_matrices) && args.x_matrices > 0);
     const GatheredRows rows{
         args.pair_order + run.first,
         args.lhs_indices,

@@ -165,12 +165,10 @@ __device__ __forceinline__ void fp_qvm_grid(const QmmArgs& args) {
   extern __shared__ float4 shared_floats[];
   auto* shared = reinterpret_cast<float*>(shared_floats);
   const int m_blocks = (args.M + kQvmRows - 1) / kQvmRows;
-  const int64_t w_matrix_words = int64_t(args.K) * args.N * bits / 32;
-  const int64_t scales_matrix = int64_t(args.K) * (args.N / args.group_size);
+  const MatrixSizes sizes = matrix_sizes<bits>(args);
   for (int64_t batch = blockIdx.z; batch < args.batch_count;
        batch += gridDim.z) {
-    const auto op =
-        batch_operands<T, encoding>(args, batch, w_matrix_words, scales_matrix);
+    const auto op = batch_operands<T, encoding>(args, batch, sizes);
     T* y = static_cast<T*>(args.y) + batch * args.M * args.N;
     for (int yb = blockIdx.y; yb < m_blocks * args.split_k; yb += gridDim.y) {
       const int split = yb % args.split_k;
