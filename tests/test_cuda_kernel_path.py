@@ -17,11 +17,11 @@ pytestmark = pytest.mark.skipif(
 N, K = 4096, 4096
 
 
-def path(x_shape, kernel=None, w_batch=(), **kwargs):
+def path(x_shape, kernel=None, w_batch=(), dtype=mx.float32, **kwargs):
     w = mx.zeros((*w_batch, N, K // 8), mx.uint32)
     scales = mx.zeros((*w_batch, N, K // 32), mx.uint8)
     return mlx_fpqmm.kernel_path(
-        mx.zeros(x_shape), w, scales, mode="mxfp4", device="sm_90", kernel=kernel, **kwargs
+        mx.zeros(x_shape, dtype), w, scales, mode="mxfp4", device="sm_90", kernel=kernel, **kwargs
     )
 
 
@@ -49,6 +49,34 @@ def test_rows_choose_the_path(x_shape, expected):
         assert plan["block"] == (256, 1, 1)
 
 
+@pytest.mark.parametrize(
+    "M, expected, kernel",
+    [
+        (17, "tiled", "fpqmm_qmm_e2m1_e8m0_bfloat16_x32"),
+        (64, "tiled", "fpqmm_qmm_e2m1_e8m0_bfloat16_x32"),
+        (65, "tiled", "fpqmm_qmm_e2m1_e8m0_bfloat16_x64"),
+        (128, "tiled", "fpqmm_qmm_e2m1_e8m0_bfloat16_x64"),
+        (129, "dequantize_matmul", "fpqmm_dequantize_e2m1_e8m0_bfloat16"),
+    ],
+)
+def test_bfloat16_rows_take_block_tiles(M, expected, kernel):
+    """bfloat16 (and float16) x above the decode rows: fp_qmm's block tiles of 32
+    or 64 rows of x up to 128 rows, dequantize + matmul past them."""
+    plan = path((M, K), dtype=mx.bfloat16)
+    assert plan["path"] == expected, plan["note"]
+    assert plan["kernel"] == kernel
+    if expected == "tiled":
+        assert plan["block"] == (128, 1, 1)
+        assert plan["grid"][0] == N // 128
+
+
+def test_tiled_request():
+    assert path((4096, K), kernel="tiled", dtype=mx.bfloat16)["path"] == "tiled"
+    plan = path((4096, K), kernel="tiled")
+    assert plan["path"] == "simple"
+    assert "tiled requested, not taken: float32 x" in plan["note"]
+
+
 def test_batched_weights_count_rows_per_matrix():
     assert path((2, 30, K), w_batch=(2,))["path"] == "simple"
     assert path((2, 50, K), w_batch=(2,))["path"] == "dequantize_matmul"
@@ -71,16 +99,17 @@ def gather_path(
     lhs=False,
     NK=(2880, 2880),
     mode="mxfp4",
+    dtype=mx.float32,
 ):
     """A gather over `experts` (N, K) experts, mxfp4 (or fp8 with float16 scales):
-    x (pairs, M, K) in float32, indices (pairs,)."""
+    x (pairs, M, K) in `dtype`, indices (pairs,)."""
     n, k = NK
     codes_per_word, scale_dtype = (8, mx.uint8) if mode == "mxfp4" else (4, mx.float16)
     w = mx.zeros((experts, n, k // codes_per_word), mx.uint32)
     scales = mx.zeros((experts, n, k // 32), scale_dtype)
     extra = {"lhs_indices": mx.arange(pairs)} if lhs else {}
     return mlx_fpqmm.kernel_path(
-        mx.zeros((pairs, M, k)),
+        mx.zeros((pairs, M, k), dtype),
         w,
         scales,
         mode=mode,
@@ -102,6 +131,24 @@ def test_gather_dequantizes_from_192_rows_an_expert(pairs, expected, sorted_indi
         assert ("sorted first" in plan["note"]) == (not sorted_indices)
         assert plan["kernel"] == "fpqmm_dequantize_e2m1_e8m0_float32"
         assert plan["grid"] == (132 * 16, 1, 1)
+
+
+@pytest.mark.parametrize(
+    "pairs, kernel",
+    [
+        (32 * 8 - 1, "fpqmm_qmv_grouped_e2m1_e8m0_bfloat16_x16"),
+        (32 * 8, "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x32"),
+        (32 * 64, "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x64"),
+        (32 * 2048 - 1, "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x64"),
+    ],
+)
+def test_bfloat16_gather_takes_block_tiles(pairs, kernel):
+    """bfloat16 x: the grouped runs by fp_qmm_grouped from 8 pairs an expert (runs of
+    64 from 64 an expert), dequantize + gather_mm only from 2048 an expert."""
+    plan = gather_path(pairs, dtype=mx.bfloat16)
+    assert plan["path"] == "grouped", plan["note"]
+    assert plan["kernel"] == kernel
+    assert gather_path(32 * 2048, dtype=mx.bfloat16)["path"] == "dequantize_matmul"
 
 
 @pytest.mark.parametrize(

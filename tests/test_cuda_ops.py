@@ -167,10 +167,10 @@ def test_model_shapes(mode, shape, M):
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
-@pytest.mark.parametrize("kernel", ["simple", "dequantize", "auto"])
+@pytest.mark.parametrize("kernel", ["simple", "tiled", "dequantize", "auto"])
 def test_many_rows_each_path(mode, kernel, monkeypatch):
-    """Past the decode rows: the simple kernels and dequantize + matmul, forced
-    and as the plan picks them (dequantize + matmul at 300 rows), batched x."""
+    """Past the decode rows: the simple kernels, fp_qmm's block tiles and
+    dequantize + matmul, forced and as the plan picks them, batched x."""
     monkeypatch.setenv("MLX_FPQMM_KERNEL", kernel)
     N, K = 136, 12 * DEFAULT_GROUP_SIZE[mode]
     w_q, scales = quantized(mode, N, K)
@@ -273,7 +273,7 @@ def test_gather_sorted_mlx_lm_layout(pairs):
 @pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
 @pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
-@pytest.mark.parametrize("kernel", ["auto", "simple", "dequantize", "grouped"])
+@pytest.mark.parametrize("kernel", ["auto", "simple", "dequantize", "grouped", "tiled"])
 def test_gather_sorted_many_rows_each_path(mode, dtype, transpose, kernel, monkeypatch):
     """256 sorted pairs over 8 experts (dequantize + gather_mm by default), the
     last two past the experts: NaN rows, the others against the reference."""
@@ -385,7 +385,7 @@ def test_gather_unsorted_routes_dequantize_request(dtype, monkeypatch):
     assert relative_error(mx.array(y[valid]), reference) < bound(dtype, True)
 
 
-@pytest.mark.parametrize("kernel", ["auto", "simple", "grouped"])
+@pytest.mark.parametrize("kernel", ["auto", "simple", "grouped", "tiled"])
 def test_gather_16384_tokens_top_4(kernel, monkeypatch):
     """65,536 sorted pairs: more than a grid axis of the per-pair kernels holds."""
     monkeypatch.setenv("MLX_FPQMM_KERNEL", kernel)

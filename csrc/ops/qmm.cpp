@@ -31,9 +31,19 @@ std::optional<mx::array> dequantized_product(
     return std::nullopt;
   }
   // The plan's M: with 2-D weights every leading axis of x is folded in.
-  const int64_t M = w.ndim() == 2 ? x.size() / x.shape(-1) : x.shape(-2);
-  if (!builds_dequantize(stream, [M](cuda::KernelRequest request) {
-        return cuda::dequantize_then_matmul(M, request);
+  QmmProblem problem{
+      mode,
+      group_size,
+      transpose,
+      static_cast<int>(w.ndim() == 2 ? x.size() / x.shape(-1) : x.shape(-2)),
+      transpose ? w.shape(-2) : w.shape(-1) * 32 / format_for(mode).bits,
+      x.shape(-1),
+      float_type(x.dtype())};
+  if (format_for(mode).scales == ScaleKind::floating) {
+    problem.scale_type = float_type(scales.dtype());
+  }
+  if (!builds_dequantize(stream, [&](cuda::KernelRequest request) {
+        return cuda::dequantize_then_matmul(problem, request);
       })) {
     return std::nullopt;
   }

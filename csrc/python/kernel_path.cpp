@@ -268,7 +268,7 @@ std::string dequantize_note(
            "): " + then;
   }
   return "M=" + std::to_string(problem.M) + " is above " +
-         std::to_string(cuda::kSimpleRows) + " rows: " + then;
+         std::to_string(cuda::primitive_rows(problem)) + " rows: " + then;
 }
 
 // Whether the op builds dequantize + matmul (ops/qmm.cpp) or, for a gather
@@ -284,7 +284,7 @@ bool op_dequantizes(
     return false;
   }
   return gather ? cuda::gather_dequantize_then_matmul(*gather, request)
-                : cuda::dequantize_then_matmul(problem.M, request);
+                : cuda::dequantize_then_matmul(problem, request);
 }
 
 nb::dict cuda_plan_dict(

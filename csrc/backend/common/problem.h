@@ -44,6 +44,8 @@ struct QmmProblem {
   // The CUDA plan's: the bytes that both x's and w's data pointers are a
   // multiple of (known at evaluation; 16 when the plan is only inspected).
   int pointer_alignment = 16;
+  // The same for the scales' data pointer.
+  int scales_alignment = 16;
 
   int64_t batch_count() const {
     int64_t count = 1;

@@ -35,8 +35,15 @@ std::string_view encoding_name(ScaleEncoding encoding) {
 }
 
 std::string kernel_name(const KernelKey& key) {
-  constexpr std::array<std::string_view, 6> families = {
-      "qmv", "qmv_staged", "qvm", "qmv_cluster", "dequantize", "qmv_grouped"};
+  constexpr std::array<std::string_view, 8> families = {
+      "qmv",
+      "qmv_staged",
+      "qvm",
+      "qmv_cluster",
+      "dequantize",
+      "qmv_grouped",
+      "qmm",
+      "qmm_grouped"};
   std::string name = "fpqmm_" +
                      std::string(families[static_cast<size_t>(key.family)]) +
                      "_" + std::string(codes_name(key.bits)) + "_" +
@@ -240,26 +247,58 @@ std::string grouped_reason(
   return staged_reason(p, format);
 }
 
+// fp_qmm's dynamic shared memory for `p`.
+int qmm_shared_bytes(const QmmProblem& p, const Format& format, int x_blocks) {
+  return fc::qmm_shared_bytes(
+      format.bits,
+      itemsize(p.x_type),
+      scale_itemsize(scale_encoding(p.mode, p.scale_type)),
+      x_blocks);
+}
+
+// fp_qmm's x blocks for `rows` rows of x per W matrix (per expert, on
+// average, for the `grouped` gather).
+int qmm_x_blocks(int64_t rows, bool grouped) {
+  const bool large =
+      grouped ? rows >= kQmmGroupedLargeRows : rows > kQmmSmallRows;
+  return large ? fc::kQmmLargeXBlocks : fc::kQmmSmallXBlocks;
+}
+
+// Whether the grouped path multiplies with fp_qmm_grouped.
+bool grouped_tiled(const QmmProblem& p, KernelRequest request) {
+  return tiled_reason(p).empty() &&
+         (request == KernelRequest::tiled ||
+          p.batch_count() >= int64_t(kTiledGroupRows) * p.w_matrices);
+}
+
 // The grouped path's launches and scratch: fp_group_pairs, then a block of
-// fp_qmv_grouped per tile of W rows and run (the grid's y loops past its
-// limit).
-void plan_grouped(const QmmProblem& p, const Format& format, KernelPlan& plan) {
+// fp_qmv_grouped (fp_qmm_grouped where `tiled`) per tile of W rows and run
+// (the grid's y loops past its limit).
+void plan_grouped(
+    const QmmProblem& p, const Format& format, bool tiled, KernelPlan& plan) {
   const bool bfloat16_x = p.x_type == FloatType::bfloat16;
+  const int qmm_blocks =
+      qmm_x_blocks(plan.batch_count / std::max(p.w_matrices, 1), true);
   plan.key = KernelKey{
-      KernelFamily::qmv_grouped,
+      tiled ? KernelFamily::qmm_grouped : KernelFamily::qmv_grouped,
       format.bits,
       scale_encoding(p.mode, p.scale_type),
       p.x_type,
-      fc::kMaxXBlocks};
-  const int64_t runs = fc::max_pair_runs(plan.batch_count, p.w_matrices);
+      tiled ? qmm_blocks : fc::kMaxXBlocks};
+  plan.run_rows = plan.key.x_blocks * fc::kXBlockRows;
+  const int64_t runs =
+      fc::max_pair_runs(plan.batch_count, p.w_matrices, plan.run_rows);
   plan.max_runs = static_cast<int>(runs);
   plan.main = Launch{
       kernel_name(plan.key),
-      {static_cast<int>(ceil_div(p.N, fc::qmv_rows_per_block(bfloat16_x))),
+      {static_cast<int>(ceil_div(
+           p.N,
+           tiled ? fc::kQmmRowsPerBlock : fc::qmv_rows_per_block(bfloat16_x))),
        static_cast<int>(std::min<int64_t>(runs, kMaxGridYZ)),
        1},
-      {fc::kQmvWarps * fc::kWarpSize, 1, 1},
-      fc::qmv_shared_bytes(bfloat16_x, fc::kMaxXBlocks)};
+      {tiled ? fc::kQmmThreads : fc::kQmvWarps * fc::kWarpSize, 1, 1},
+      tiled ? qmm_shared_bytes(p, format, qmm_blocks)
+            : fc::qmv_shared_bytes(bfloat16_x, fc::kMaxXBlocks)};
   plan.grouping = Launch{
       "fpqmm_group_pairs",
       {1, 1, 1},
@@ -276,6 +315,19 @@ bool grouped_by_default(int64_t pairs, const std::string& why_not) {
 
 }  // namespace
 
+std::string tiled_reason(const QmmProblem& p) {
+  if (!p.transpose) {
+    return "x @ W (fp_qmm is x @ W^T's)";
+  }
+  if (p.x_type == FloatType::float32) {
+    return "float32 x";
+  }
+  if (p.scales_alignment % 4 != 0) {
+    return "the scales are not 4-byte aligned";
+  }
+  return staged_reason(p, format_for(p.mode));
+}
+
 bool grouped_gather(const QmmProblem& problem) {
   const int64_t pairs = problem.batch_count();
   return grouped_by_default(
@@ -283,16 +335,20 @@ bool grouped_gather(const QmmProblem& problem) {
 }
 
 std::string_view path_name(KernelPath path) {
-  constexpr std::array<std::string_view, 5> names = {
-      "qmv", "qvm", "simple", "dequantize_matmul", "grouped"};
+  constexpr std::array<std::string_view, 6> names = {
+      "qmv", "qvm", "simple", "dequantize_matmul", "grouped", "tiled"};
   return names[static_cast<size_t>(path)];
 }
 
-bool dequantize_then_matmul(int64_t M, KernelRequest request) {
+int primitive_rows(const QmmProblem& problem) {
+  return tiled_reason(problem).empty() ? kTiledRows : kSimpleRows;
+}
+
+bool dequantize_then_matmul(const QmmProblem& problem, KernelRequest request) {
   return request == KernelRequest::dequantize ||
          ((request == KernelRequest::automatic ||
            request == KernelRequest::grouped) &&
-          M > kSimpleRows);
+          problem.M > primitive_rows(problem));
 }
 
 GatherRows gather_rows(const QmmProblem& p, bool sorted_pairs) {
@@ -315,7 +371,8 @@ GatherRows gather_rows(const QmmProblem& p, bool sorted_pairs) {
       sorted_pairs && p.x_matrices == pairs,
       pairs <= kMaxGridZ && pairs * M * N < k2to31 &&
           p.x_matrices * M * K < k2to32 && experts * N * K < k2to32,
-      grouped_gather(p)};
+      grouped_gather(p),
+      grouped_gather(p) && grouped_tiled(p, KernelRequest::automatic)};
 }
 
 bool gather_dequantize_then_matmul(
@@ -331,19 +388,21 @@ bool gather_dequantize_then_matmul(
 }
 
 int64_t gather_rows_per_expert(const GatherRows& gather) {
-  return gather.grouped_path ? kGatherRowsPerExpert
-                             : kGatherRowsPerExpertPerPair;
+  return gather.tiled          ? kGatherRowsPerExpertTiled
+         : gather.grouped_path ? kGatherRowsPerExpert
+                               : kGatherRowsPerExpertPerPair;
 }
 
 namespace {
 
-constexpr RequestNames<KernelRequest, 6> kRequestNames = {
+constexpr RequestNames<KernelRequest, 7> kRequestNames = {
     {{"auto", KernelRequest::automatic},
      {"qmv", KernelRequest::decode},
      {"simple", KernelRequest::simple},
      {"qmv_staged", KernelRequest::staged},
      {"dequantize", KernelRequest::dequantize},
-     {"grouped", KernelRequest::grouped}}};
+     {"grouped", KernelRequest::grouped},
+     {"tiled", KernelRequest::tiled}}};
 
 }  // namespace
 
@@ -425,19 +484,24 @@ KernelPlan plan(
   const bool decode_rows = p.M <= kDecodeRows;
   const std::string why_not_grouped =
       grouped_reason(p, format, plan.batch_count);
-  if (request == KernelRequest::grouped
+  const std::string why_not_tiled = tiled_reason(p);
+  const bool grouped_requested = request == KernelRequest::grouped ||
+                                 (request == KernelRequest::tiled && p.gather);
+  if (grouped_requested
           ? why_not_grouped.empty()
           : request == KernelRequest::automatic &&
                 grouped_by_default(plan.batch_count, why_not_grouped)) {
+    const bool tiled = grouped_tiled(p, request);
     plan.path = KernelPath::grouped;
-    plan.note = request == KernelRequest::grouped
-                    ? "grouped requested"
+    plan.note = grouped_requested
+                    ? std::string(request_name(request)) + " requested"
                     : std::to_string(plan.batch_count) +
                           " pairs of one row (at least " +
                           std::to_string(kGroupedMinPairs) +
-                          "): grouped by expert, W read once per run of " +
-                          std::to_string(fc::kGroupRows);
-    plan_grouped(p, format, plan);
+                          "): grouped by expert";
+    plan_grouped(p, format, tiled, plan);
+    plan.note += ", W read once per run of " + std::to_string(plan.run_rows) +
+                 (tiled ? " by fp_qmm_grouped" : "");
     return plan;
   }
   switch (request) {
@@ -450,23 +514,36 @@ KernelPlan plan(
       plan.path = KernelPath::simple;
       plan.note = "simple requested";
       break;
+    case KernelRequest::tiled:
+      if (why_not_tiled.empty()) {
+        plan.path = KernelPath::tiled;
+        plan.note = "tiled requested";
+        break;
+      }
+      [[fallthrough]];
     case KernelRequest::automatic:
     case KernelRequest::dequantize:
     case KernelRequest::grouped:
-      plan.path = !decode_rows  ? KernelPath::simple
-                  : p.transpose ? KernelPath::qmv
-                                : KernelPath::qvm;
+      plan.path = decode_rows ? p.transpose ? KernelPath::qmv : KernelPath::qvm
+                  : why_not_tiled.empty() ? KernelPath::tiled
+                                          : KernelPath::simple;
       plan.note =
-          decode_rows
-              ? rows + " is in the decode range (at most " +
-                    std::to_string(kDecodeRows) + ")"
+          decode_rows ? rows + " is in the decode range (at most " +
+                            std::to_string(kDecodeRows) + ")"
+          : why_not_tiled.empty()
+              ? rows + " is above the decode range: block tiles of W and x " +
+                    "in shared memory"
               : rows + " is above the decode range: the decode kernels tiled " +
-                    "over M";
+                    "over M (not block tiles: " + why_not_tiled + ")";
       if (request == KernelRequest::grouped) {
         plan.note = "grouped requested, not taken: " + why_not_grouped + "; " +
                     plan.note;
       }
-      if (!p.gather && dequantize_then_matmul(p.M, request)) {
+      if (request == KernelRequest::tiled) {
+        plan.note =
+            "tiled requested, not taken: " + why_not_tiled + "; " + plan.note;
+      }
+      if (!p.gather && dequantize_then_matmul(p, request)) {
         plan.note +=
             " (the op multiplies by dequantize + matmul here; this "
             "primitive was made elsewhere)";
@@ -474,11 +551,14 @@ KernelPlan plan(
       break;
   }
 
-  const int x_blocks = plan.path == KernelPath::qmv && p.M <= fc::kXBlockRows
+  const int x_blocks = plan.path == KernelPath::tiled ? qmm_x_blocks(p.M, false)
+                       : plan.path == KernelPath::qmv && p.M <= fc::kXBlockRows
                            ? 1
                            : fc::kMaxXBlocks;
   KernelFamily family = KernelFamily::qvm;
-  if (p.transpose) {
+  if (plan.path == KernelPath::tiled) {
+    family = KernelFamily::qmm;
+  } else if (p.transpose) {
     const std::string staged_why = request == KernelRequest::staged
                                        ? "requested"
                                        : staged_reason(p, format);
@@ -494,7 +574,7 @@ KernelPlan plan(
       format.bits,
       scale_encoding(p.mode, p.scale_type),
       p.x_type,
-      transposed_decode ? x_blocks : 0};
+      family == KernelFamily::qmm || transposed_decode ? x_blocks : 0};
   plan.main.kernel = kernel_name(plan.key);
 
   int64_t column_blocks;
@@ -516,7 +596,13 @@ KernelPlan plan(
       plan.main.shared_bytes = fc::staged_shared_bytes(
           format.bits, scale_itemsize(plan.key.encoding));
       break;
-    case KernelFamily::qvm:
+    case KernelFamily::qmm:
+      column_blocks = ceil_div(p.N, fc::kQmmRowsPerBlock);
+      m_blocks = ceil_div(p.M, x_blocks * fc::kXBlockRows);
+      plan.main.block = {fc::kQmmThreads, 1, 1};
+      plan.main.shared_bytes = qmm_shared_bytes(p, format, x_blocks);
+      break;
+    default:
       column_blocks = ceil_div(p.N, fc::kQvmColumnsPerBlock);
       m_blocks = ceil_div(p.M, fc::kQvmRows);
       plan.main.block = {fc::kQvmWarps * fc::kWarpSize, 1, 1};
@@ -552,7 +638,17 @@ KernelPlan plan(
           fc::kStagedWarps * fc::kStageCodes,
           plan);
       break;
-    case KernelFamily::qvm:
+    case KernelFamily::qmm:
+      plan_split_k(
+          p,
+          device,
+          blocks,
+          fc::qmm_min_blocks(x_blocks),
+          fc::qmm_stage_codes(format.bits),
+          4 * fc::qmm_stage_codes(format.bits),
+          plan);
+      break;
+    default:
       plan_split_k(
           p, device, blocks, kQvmResident, fc::kQvmChunk, fc::kQvmChunk, plan);
       break;
@@ -624,6 +720,7 @@ fpqmm::cuda::QmmArgs kernel_args(
   args.w_matrices = problem.w_matrices;
   args.split_k = plan.split_k;
   args.split_k_step = plan.split_k_step;
+  args.run_rows = plan.run_rows;
   return args;
 }
 

@@ -32,20 +32,25 @@ std::optional<CudaDevice> device_from_name(std::string_view name);
 inline constexpr int kMinimumMajor = 8;
 
 // qmv / qvm: the decode kernels (x @ W^T / x @ W) for M up to kDecodeRows;
-// simple: the same kernels tiled over M, above the decode range;
-// dequantize_matmul: above kSimpleRows the op builds x @ dequantize(w)
-// instead of the primitive: W in x's type by our FpDequantize, the product
-// by MLX's matmul (cuBLAS).
+// tiled: x @ W^T above the decode range by fp_qmm (block tiles of W and x
+// staged in shared memory), where it runs (tiled_reason);
+// simple: the decode kernels tiled over M, above the decode range where
+// fp_qmm does not run;
+// dequantize_matmul: above kTiledRows (kSimpleRows where fp_qmm does not
+// run) the op builds x @ dequantize(w) instead of the primitive: W in x's
+// type by our FpDequantize, the product by MLX's matmul (cuBLAS).
 // grouped: a gather of one row per pair, the pairs grouped by expert first
-// (fp_group_pairs) and each expert's run multiplied by fp_qmv_grouped.
-enum class KernelPath { qmv, qvm, simple, dequantize_matmul, grouped };
+// (fp_group_pairs) and each expert's run multiplied by fp_qmv_grouped, or
+// by fp_qmm_grouped from kTiledGroupRows rows an expert.
+enum class KernelPath { qmv, qvm, simple, dequantize_matmul, grouped, tiled };
 enum class KernelRequest {
   automatic,
   decode,
   simple,
   staged,
   dequantize,
-  grouped
+  grouped,
+  tiled
 };
 
 inline constexpr int kDecodeRows =
@@ -56,17 +61,38 @@ inline constexpr int kDecodeRows =
 // mxfp4 64.6 / 89.8 us, nvfp4 71.7 / 93.4, mxfp8 91.2 / 130.5; M = 48 98.7 /
 // 88.9, 99.5 / 100.4, 131.6 / 121.1.
 inline constexpr int kSimpleRows = 40;
+// The same for the tiled path (fp_qmm).
+inline constexpr int kTiledRows = 128;
+// fp_qmm takes 32 rows of x a block up to kQmmSmallRows rows per W matrix,
+// 64 above, and in the grouped gather 64 from kQmmGroupedLargeRows rows an
+// expert on average. Measured on the H200 (README), 14336 x 4096 mxfp4, 32 /
+// 64 rows: M = 64 63.4 / 64.8 us, M = 128 124.8 / 95.5; gather, 32 experts
+// of 2880 x 2880, 128 tokens (16 an expert) 120 / 172, 512 tokens (64)
+// 274 / 255.
+inline constexpr int kQmmSmallRows = 64;
+inline constexpr int kQmmGroupedLargeRows = 64;
+
+// Why fp_qmm cannot take `problem` (x @ W^T, bfloat16 or float16 x, rows of
+// W whole 16-byte vectors, x and w 16-byte and the scales 4-byte aligned);
+// empty when it can.
+std::string tiled_reason(const QmmProblem& problem);
 
 // A gather whose pairs are one row each takes the grouped path from this
 // many pairs (below it the experts seldom repeat: the per-pair decode
 // kernels read the same bytes without the grouping kernel).
 inline constexpr int64_t kGroupedMinPairs = 8;
+// The grouped path multiplies with fp_qmm_grouped (runs of up to kQmmXRows
+// pairs) from this many pairs an expert, on average, where fp_qmm runs.
+inline constexpr int kTiledGroupRows = 8;
 
-// Whether the op multiplies M rows of x per W matrix (not a gather) by
-// dequantize + matmul rather than with the primitive: above kSimpleRows
-// when automatic (or grouped requested: it runs only for gathers), or on
-// request (any M).
-bool dequantize_then_matmul(int64_t M, KernelRequest request);
+// Whether the op multiplies the M rows of x per W matrix of `problem` (not
+// a gather) by dequantize + matmul rather than with the primitive: above
+// kTiledRows where fp_qmm takes it, else above kSimpleRows, when automatic
+// (or grouped requested: it runs only for gathers), or on request (any M).
+bool dequantize_then_matmul(const QmmProblem& problem, KernelRequest request);
+// The most rows per W matrix that the primitive takes for `problem` when
+// automatic.
+int primitive_rows(const QmmProblem& problem);
 
 // A gather (mixture of experts) without lhs_indices, as the choice of
 // dequantize + gather_mm sees it: every expert dequantized in x's type, then
@@ -85,6 +111,7 @@ struct GatherRows {
   bool in_order;        // sorted pairs, x in pair order: no sort needed
   bool other_kernels;   // MLX's other gather_mm kernels take it
   bool grouped_path;    // our grouped path would take it (else per pair)
+  bool tiled;           // ... with fp_qmm_grouped
 };
 // The gather `problem` (the primitive's, x row-contiguous and 16-byte
 // aligned unless its pointer_alignment says otherwise) as that choice sees
@@ -114,6 +141,8 @@ inline constexpr int kGatherRowsPerExpert = 192;
 // 1070 us, 96 tokens (12) 1222 / 1098. Not measured for x @ W or the staged
 // kernel.
 inline constexpr int kGatherRowsPerExpertPerPair = 12;
+// Against the grouped path with fp_qmm_grouped.
+inline constexpr int kGatherRowsPerExpertTiled = 2048;
 // The transient copy of the experts stays below this (a DeepSeek-V3 layer's
 // 256 experts of 7168 x 2048 would take 7.5 GB), which also keeps the
 // grouped GEMM's expert offsets within 2^31 bytes.
@@ -133,25 +162,30 @@ std::string_view path_name(KernelPath path);
 std::optional<KernelRequest> kernel_request_from_name(std::string_view name);
 std::string_view request_name(KernelRequest request);  // "auto", ...
 std::string request_names();  // "auto, qmv, ...", for messages
-// MLX_FPQMM_KERNEL=auto|qmv|simple|qmv_staged|dequantize|grouped (unset:
-// auto; qmv asks for the decode kernels of either orientation, per gather
-// pair, qmv_staged for x @ W^T's kernel that stages W in shared memory,
-// grouped for the grouped gather where it runs); throws on other values.
+// MLX_FPQMM_KERNEL=auto|qmv|simple|qmv_staged|dequantize|grouped|tiled
+// (unset: auto; qmv asks for the decode kernels of either orientation, per
+// gather pair, qmv_staged for x @ W^T's kernel that stages W in shared
+// memory, grouped for the grouped gather where it runs, tiled for fp_qmm
+// at any M, and in the grouped gather, where it runs); throws on other
+// values.
 KernelRequest kernel_request_from_env();
 
 // The main kernel and its template arguments: fp_qmv<T, bits, encoding,
 // x_blocks>, fp_qmv_staged<...>, fp_qvm<T, bits, encoding> (x_blocks 0),
 // fp_qmv_cluster<T, bits, encoding, x_blocks> (fp_qmv with K split over a
 // thread block cluster, sm_90), fp_qmv_grouped<T, bits, encoding> (x_blocks
-// kMaxXBlocks) or FpDequantize's fp_dequantize<T, bits, encoding> (T the
-// output's type, x_blocks 0).
+// kMaxXBlocks), fp_qmm<T, bits, encoding> and fp_qmm_grouped<T, bits,
+// encoding> (x_blocks kQmmXBlocks; T bfloat16 or float16) or FpDequantize's
+// fp_dequantize<T, bits, encoding> (T the output's type, x_blocks 0).
 enum class KernelFamily {
   qmv,
   qmv_staged,
   qvm,
   qmv_cluster,
   dequantize,
-  qmv_grouped
+  qmv_grouped,
+  qmm,
+  qmm_grouped
 };
 
 struct KernelKey {
@@ -192,6 +226,7 @@ struct KernelPlan {
   std::optional<Launch> grouping;
   int64_t grouping_bytes = 0;
   int max_runs = 0;
+  int run_rows = 0;  // pairs per run at most
   // The batch axes the kernels walk: the problem's, with axes that are
   // contiguous in x, w and scales alike folded together.
   std::vector<int> batch_shape;

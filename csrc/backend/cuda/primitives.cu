@@ -260,6 +260,8 @@ void FpQuantizedMatmul::eval_gpu(
   auto problem = describe_problem(
       operands, out.shape(), mode_, group_size_, transpose_, true);
   problem.pointer_alignment = matrices_alignment<Input>(operands);
+  problem.scales_alignment =
+      pointer_alignment({&input(operands, Input::scales)});
   run(stream(), problem, operands, out, [&](fc::QmmArgs& args) {
     bind_matrices<Input>(args, operands);
   });
@@ -274,6 +276,8 @@ void FpGatherQuantizedMatmul::eval_gpu(
   auto problem = describe_gather_problem(
       inputs, out.shape(), mode_, group_size_, transpose_, right_sorted_);
   problem.pointer_alignment = matrices_alignment<GatherInput>(inputs);
+  problem.scales_alignment =
+      pointer_alignment({&input(inputs, GatherInput::scales)});
   run(stream(), problem, inputs, out, [&](fc::QmmArgs& args) {
     bind_matrices<GatherInput>(args, inputs);
     args.lhs_indices =

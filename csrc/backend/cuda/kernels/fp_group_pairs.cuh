@@ -1,8 +1,9 @@
 // fp_group_pairs: the pairs of a gather of one row each, grouped by expert
-// for fp_qmv_grouped (params.h has the layout). One block: the pairs are
-// counted per expert in shared memory, the counts and the runs they make are
-// scanned, and each pair takes the next place of its expert (in no set order
-// within it: every row's sums are the same wherever it sits in a run).
+// for fp_qmv_grouped or fp_qmm_grouped (params.h has the layout). One block:
+// the pairs are counted per expert in shared memory, the counts and the runs
+// they make are scanned, and each pair takes the next place of its expert (in
+// no set order within it: every row's sums are the same wherever it sits in a
+// run).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,7 @@ __global__ void __launch_bounds__(kGroupThreads)
   const uint32_t experts = uint32_t(args.w_matrices);
   const int bins = args.w_matrices + 1;  // the last: out of range
   const int64_t pairs = args.batch_count;
+  const uint32_t run_rows = uint32_t(args.run_rows);
 
   for (int b = thread; b < bins; b += threads) {
     counts[b] = 0;
@@ -39,8 +41,7 @@ __global__ void __launch_bounds__(kGroupThreads)
   const int b_end = min(bins, b_begin + per_thread);
   uint64_t own = 0;
   for (int b = b_begin; b < b_end; ++b) {
-    own +=
-        (uint64_t(counts[b]) << 32) + (counts[b] + kGroupRows - 1) / kGroupRows;
+    own += (uint64_t(counts[b]) << 32) + (counts[b] + run_rows - 1) / run_rows;
   }
   scan[thread] = own;
   __syncthreads();
@@ -54,12 +55,9 @@ __global__ void __launch_bounds__(kGroupThreads)
   uint32_t run = uint32_t(scan[thread] - own);
   for (int b = b_begin; b < b_end; ++b) {
     starts[b] = first;
-    for (uint32_t done = 0; done < counts[b]; done += kGroupRows) {
+    for (uint32_t done = 0; done < counts[b]; done += run_rows) {
       args.pair_runs[run++] = PairRun{
-          first + done,
-          min(uint32_t(kGroupRows), counts[b] - done),
-          uint32_t(b),
-          0};
+          first + done, min(run_rows, counts[b] - done), uint32_t(b), 0};
     }
     first += counts[b];
   }

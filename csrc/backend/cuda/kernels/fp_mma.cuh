@@ -72,6 +72,48 @@ __device__ __forceinline__ void add_up_in_cluster(
 #endif
 }
 
+// Every one of a lane's sums (tiles of W rows by blocks of x rows) set to
+// `value`.
+template <int tiles, int x_blocks>
+__device__ __forceinline__ void fill_sums(
+    float (&sums)[tiles][x_blocks][4], float value) {
+#pragma unroll
+  for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+    for (int b = 0; b < x_blocks; ++b) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        sums[t][b][i] = value;
+      }
+    }
+  }
+}
+
+// Output (x row m, W row n) of M x N, `total`, to y or to the float32
+// partials; `rows` places x row m in y (and makes it NaN where not valid).
+template <typename T, typename Rows>
+__device__ __forceinline__ void store_output(
+    float total,
+    int m,
+    int n,
+    int M,
+    int N,
+    T* y,
+    float* partials,
+    const Rows& rows) {
+  if (m < M && n < N) {
+    const int64_t r = rows.y(m);
+    if (!rows.valid(m)) {
+      total = quiet_nan();
+    }
+    if (partials) {
+      partials[r * N + n] = total;
+    } else {
+      y[r * N + n] = static_cast<T>(total);
+    }
+  }
+}
+
 // The end of a block whose `warps` warps each hold sums[tiles][x_blocks][4]
 // of the same outputs (tiles of 16 W rows from n0, blocks of 8 x rows from
 // m0): they meet in shared memory `reduction` (warps * tiles * x_blocks * 4
@@ -120,19 +162,15 @@ __device__ __forceinline__ void store_block_sums(
     const int i = v % 4;
     const int b = v / 4 % x_blocks;
     const int t = v / 4 / x_blocks;
-    const int n = n0 + t * kTileRows + i / 2 * 8 + owner.group;
-    const int m = m0 + b * kXBlockRows + 2 * owner.thread + i % 2;
-    if (m < M && n < N) {
-      const int64_t r = rows.y(m);
-      if (!rows.valid(m)) {
-        total = quiet_nan();
-      }
-      if (partials) {
-        partials[r * N + n] = total;
-      } else {
-        y[r * N + n] = static_cast<T>(total);
-      }
-    }
+    store_output(
+        total,
+        m0 + b * kXBlockRows + 2 * owner.thread + i % 2,
+        n0 + t * kTileRows + i / 2 * 8 + owner.group,
+        M,
+        N,
+        y,
+        partials,
+        rows);
   };
   for (int e = threadIdx.x; e < totals; e += blockDim.x) {
     float total = 0.0f;
@@ -181,6 +219,31 @@ __device__ __forceinline__ void transposed_grid(
       body(op, m0, n0, k_begin, k_end, y, partials);
       __syncthreads();
     }
+  }
+}
+
+// The runs of fp_group_pairs that a block of the grouped kernels takes
+// (grid y walks them): body(op, rows, count) multiplies a run's `count`
+// rows of x, gathered (`rows`), by its expert's matrices `op`.
+template <typename T, int bits, int encoding, typename Body>
+__device__ __forceinline__ void grouped_runs(const QmmArgs& args, Body&& body) {
+  const MatrixSizes sizes = matrix_sizes<bits>(args);
+  const uint32_t runs = *args.run_count;
+  for (uint32_t r = blockIdx.y; r < runs; r += gridDim.y) {
+    const PairRun run = args.pair_runs[r];
+    // Without matrices of x every row is NaN and nothing of x is read.
+    const auto op = expert_operands<T, encoding>(
+        args,
+        sizes,
+        run.expert,
+        static_cast<const T*>(args.x),
+        run.expert < uint32_t(args.w_matrices) && args.x_matrices > 0);
+    const GatheredRows rows{
+        args.pair_order + run.first,
+        args.lhs_indices,
+        uint32_t(args.x_matrices)};
+    body(op, rows, int(run.count));
+    __syncthreads();
   }
 }
 

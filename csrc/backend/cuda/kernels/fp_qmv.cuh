@@ -113,6 +113,136 @@ __device__ __forceinline__ void x_pair(
   }
 }
 
+// The multipliers of a group's code pairs for the `two`-step multiply
+// (first only otherwise).
+template <int bits, int encoding, bool two>
+__device__ __forceinline__ Multipliers multipliers_for(float scale) {
+  if constexpr (two) {
+    return two_step_multipliers<bits, encoding>(scale);
+  } else {
+    return {
+        bits_of(__float2bfloat162_rn(scaled_fixup<bits, encoding>(scale))), 0};
+  }
+}
+
+// The mma steps of one 32-bit word of codes of each of a lane's rows:
+// codes[t][h] is tile t's row h's word, its pairs times multipliers[t][h]
+// (both of them where `two`), and x_words[b] x's words over the same codes
+// in x block b, as loaded. Blocks from `live_blocks` on are left out.
+template <typename T, int bits, bool two, int tiles, int x_blocks>
+__device__ __forceinline__ void multiply_word(
+    float (&sums)[tiles][x_blocks][4],
+    const uint32_t (&codes)[tiles][2],
+    const Multipliers (&multipliers)[tiles][2],
+    const uint32_t* const (&x_words)[x_blocks],
+    int live_blocks = x_blocks) {
+  constexpr int steps_per_word = 32 / bits / 4;
+#pragma unroll
+  for (int s = 0; s < steps_per_word; ++s) {
+    uint32_t b_parts[x_blocks][2][kXParts<T>];
+#pragma unroll
+    for (int b = 0; b < x_blocks; ++b) {
+      if (b < live_blocks) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          x_pair<T, bits>(x_words[b], 2 * s + q, b_parts[b][q]);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < tiles; ++t) {
+      uint32_t a[4];
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          Bf16Pair pair = __hmul2(
+              pair_from_bits<Bf16Pair>(
+                  code_pair_bits<__nv_bfloat16, bits>(codes[t][h], 2 * s + q)),
+              pair_from_bits<Bf16Pair>(multipliers[t][h].first));
+          if constexpr (two) {
+            pair = __hmul2(
+                pair, pair_from_bits<Bf16Pair>(multipliers[t][h].second));
+          }
+          a[2 * q + h] = bits_of(pair);
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < x_blocks; ++b) {
+        if (b < live_blocks) {
+#pragma unroll
+          for (int part = 0; part < kXParts<T>; ++part) {
+            const uint32_t b_fragment[2] = {
+                b_parts[b][0][part], b_parts[b][1][part]};
+            mma_step<__nv_bfloat16>(sums[t][b], a, b_fragment);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The mma steps of a lane's 16-byte chunks of codes, codes[t][h] of tile
+// t's row h (four words), whose groups' scales are `scales`: the scales are
+// multiplied into the code pairs, in two steps where any lane of the warp
+// needs them (`two_steps` is this lane's say). x_words(word, x_word) points
+// x_word[b] at x's words over word `word`'s codes in x block b, so that a
+// kernel can load them as it goes. Blocks from `live_blocks` on are left
+// out.
+template <
+    typename T,
+    int bits,
+    int encoding,
+    int tiles,
+    int x_blocks,
+    int groups,
+    typename XWords>
+__device__ __forceinline__ void multiply_chunk(
+    float (&sums)[tiles][x_blocks][4],
+    const uint4 (&codes)[tiles][2],
+    const float (&scales)[tiles][2][groups],
+    bool two_steps,
+    XWords&& x_words,
+    int live_blocks = x_blocks) {
+  auto multiply = [&](auto two_steps_constant) {
+    constexpr bool two = decltype(two_steps_constant)::value;
+    Multipliers multipliers[tiles][2][groups];
+#pragma unroll
+    for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int g = 0; g < groups; ++g) {
+          multipliers[t][h][g] =
+              multipliers_for<bits, encoding, two>(scales[t][h][g]);
+        }
+      }
+    }
+#pragma unroll
+    for (int word = 0; word < 4; ++word) {
+      uint32_t words[tiles][2];
+      Multipliers word_multipliers[tiles][2];
+#pragma unroll
+      for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          words[t][h] = reinterpret_cast<const uint32_t*>(&codes[t][h])[word];
+          word_multipliers[t][h] = multipliers[t][h][word * groups / 4];
+        }
+      }
+      const uint32_t* x_word[x_blocks];
+      x_words(word, x_word);
+      multiply_word<T, bits, two>(
+          sums, words, word_multipliers, x_word, live_blocks);
+    }
+  };
+  if (__any_sync(0xFFFFFFFFu, two_steps)) {
+    multiply(std::true_type{});
+  } else {
+    multiply(std::false_type{});
+  }
+}
+
 // W rows [n0, n0 + qmv_rows_per_block) times x rows [m0, m0 + x_blocks * 8)
 // over K range [k_begin, k_end) of one product: every warp of the block
 // calls it, taking every kQmvWarps-th pass of the quads over K, and the
@@ -144,7 +274,6 @@ __device__ __forceinline__ void fp_qmv_impl(
   constexpr int chunk_codes = 128 / bits;
   constexpr int word_codes = 32 / bits;
   constexpr int pass_codes = 4 * chunk_codes;
-  constexpr int steps_per_word = word_codes / 4;
   // x's 32-bit words over a chunk and over a word of codes.
   constexpr int x_chunk_words = chunk_codes * int(sizeof(T)) / 4;
   constexpr int x_word_words = word_codes * int(sizeof(T)) / 4;
@@ -187,16 +316,7 @@ __device__ __forceinline__ void fp_qmv_impl(
   }
 
   float sums[tiles][x_blocks][4];
-#pragma unroll
-  for (int t = 0; t < tiles; ++t) {
-#pragma unroll
-    for (int b = 0; b < x_blocks; ++b) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        sums[t][b][i] = op.valid ? 0.0f : quiet_nan();
-      }
-    }
-  }
+  fill_sums(sums, op.valid ? 0.0f : quiet_nan());
 
   // A pass's codes and scales (as stored): loaded one pass ahead of the
   // multiplies, so that a warp's loads of W are in flight while it
@@ -265,79 +385,13 @@ __device__ __forceinline__ void fp_qmv_impl(
       }
     }
 
-    auto multiply = [&](auto two_steps_constant) {
-      constexpr bool two = decltype(two_steps_constant)::value;
-      Multipliers multipliers[tiles][2][groups];
-#pragma unroll
-      for (int t = 0; t < tiles; ++t) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int g = 0; g < groups; ++g) {
-            if constexpr (two) {
-              multipliers[t][h][g] =
-                  two_step_multipliers<bits, encoding>(scales[t][h][g]);
-            } else {
-              multipliers[t][h][g].first = bits_of(__float2bfloat162_rn(
-                  scaled_fixup<bits, encoding>(scales[t][h][g])));
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int word = 0; word < 4; ++word) {
-        const int g = word * groups / 4;
-#pragma unroll
-        for (int s = 0; s < steps_per_word; ++s) {
-          uint32_t b_parts[x_blocks][2][kXParts<T>];
+    multiply_chunk<T, bits, encoding>(
+        sums, codes, scales, two_steps, [&](int word, auto& x_word) {
 #pragma unroll
           for (int b = 0; b < x_blocks; ++b) {
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-              x_pair<T, bits>(
-                  x_words[b] + word * x_word_words, 2 * s + q, b_parts[b][q]);
-            }
+            x_word[b] = x_words[b] + word * x_word_words;
           }
-#pragma unroll
-          for (int t = 0; t < tiles; ++t) {
-            uint32_t a[4];
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const uint32_t row_word =
-                    reinterpret_cast<const uint32_t*>(&codes[t][h])[word];
-                Bf16Pair pair = __hmul2(
-                    pair_from_bits<Bf16Pair>(
-                        code_pair_bits<__nv_bfloat16, bits>(
-                            row_word, 2 * s + q)),
-                    pair_from_bits<Bf16Pair>(multipliers[t][h][g].first));
-                if constexpr (two) {
-                  pair = __hmul2(
-                      pair,
-                      pair_from_bits<Bf16Pair>(multipliers[t][h][g].second));
-                }
-                a[2 * q + h] = bits_of(pair);
-              }
-            }
-#pragma unroll
-            for (int b = 0; b < x_blocks; ++b) {
-#pragma unroll
-              for (int part = 0; part < kXParts<T>; ++part) {
-                const uint32_t b_fragment[2] = {
-                    b_parts[b][0][part], b_parts[b][1][part]};
-                mma_step<__nv_bfloat16>(sums[t][b], a, b_fragment);
-              }
-            }
-          }
-        }
-      }
-    };
-    if (__any_sync(0xFFFFFFFFu, two_steps)) {
-      multiply(std::true_type{});
-    } else {
-      multiply(std::false_type{});
-    }
+        });
   }
 
   store_block_sums<kQmvWarps>(
@@ -414,37 +468,23 @@ __global__ void __launch_bounds__(
     fp_qmv_grouped(const QmmArgs args) {
   extern __shared__ float4 shared_floats[];
   auto* reduction = reinterpret_cast<float*>(shared_floats);
-  const MatrixSizes sizes = matrix_sizes<bits>(args);
   const int n0 =
       blockIdx.x * qmv_rows_per_block(std::is_same_v<T, __nv_bfloat16>);
-  const uint32_t runs = *args.run_count;
-  for (uint32_t r = blockIdx.y; r < runs; r += gridDim.y) {
-    const PairRun run = args.pair_runs[r];
-    // Without matrices of x every row is NaN and nothing of x is read.
-    const auto op = expert_operands<T, encoding>(
-        args,
-        sizes,
-        run.expert,
-        static_cast<const T*>(args.x),
-        run.expert < uint32_t(args.w_matrices) && args.x_matrices > 0);
-    const GatheredRows rows{
-        args.pair_order + run.first,
-        args.lhs_indices,
-        uint32_t(args.x_matrices)};
-    fp_qmv_impl<T, bits, encoding, kMaxXBlocks, false>(
-        args,
-        op,
-        reduction,
-        int(run.count),
-        0,
-        n0,
-        0,
-        args.K,
-        static_cast<T*>(args.y),
-        nullptr,
-        rows);
-    __syncthreads();
-  }
+  grouped_runs<T, bits, encoding>(
+      args, [&](const auto& op, const GatheredRows& rows, int count) {
+        fp_qmv_impl<T, bits, encoding, kMaxXBlocks, false>(
+            args,
+            op,
+            reduction,
+            count,
+            0,
+            n0,
+            0,
+            args.K,
+            static_cast<T*>(args.y),
+            nullptr,
+            rows);
+      });
 }
 
 }  // namespace fpqmm::cuda

@@ -147,16 +147,7 @@ __device__ __forceinline__ void fp_qmv_staged_impl(
   };
 
   float acc[tiles][x_blocks][4];
-#pragma unroll
-  for (int t = 0; t < tiles; ++t) {
-#pragma unroll
-    for (int b = 0; b < x_blocks; ++b) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc[t][b][i] = op.valid ? 0.0f : quiet_nan();
-      }
-    }
-  }
+  fill_sums(acc, op.valid ? 0.0f : quiet_nan());
 
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
@@ -221,16 +212,7 @@ __device__ __forceinline__ void fp_qmv_staged_impl(
           }
         }
         scale_inside = __any_sync(0xFFFFFFFFu, nonfinite);
-#pragma unroll
-        for (int t = 0; t < tiles; ++t) {
-#pragma unroll
-          for (int b = 0; b < x_blocks; ++b) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              sums[t][b][i] = 0.0f;
-            }
-          }
-        }
+        fill_sums(sums, 0.0f);
       }
 
       XFragment<T> x_fragments[x_blocks];

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "backend/cuda/kernels/fp_dequantize.cuh"
+#include "backend/cuda/kernels/fp_qmm.cuh"
 #include "backend/cuda/kernels/fp_qmv.cuh"
 #include "backend/cuda/kernels/fp_qmv_staged.cuh"
 #include "backend/cuda/kernels/fp_qvm.cuh"
@@ -33,10 +34,20 @@ void with_encoding(ScaleEncoding encoding, F&& f) {
   }
 }
 
-// fp_qmv, fp_qmv_cluster, fp_qmv_grouped, fp_qmv_staged, fp_qvm or
-// fp_dequantize for `key`
-// (of x type T and `bits`-wide codes); null for E4M3 scales with E4M3
-// codes, which no format has.
+// fp_qmm's x blocks: 4 or 8.
+template <typename F>
+void with_qmm_x_blocks(int x_blocks, F&& f) {
+  if (x_blocks == kQmmSmallXBlocks) {
+    f(Int<kQmmSmallXBlocks>{});
+  } else {
+    f(Int<kQmmLargeXBlocks>{});
+  }
+}
+
+// fp_qmv, fp_qmv_cluster, fp_qmv_grouped, fp_qmv_staged, fp_qvm, fp_qmm,
+// fp_qmm_grouped or fp_dequantize for `key` (of x type T and `bits`-wide
+// codes); null for E4M3 scales with E4M3 codes, which no format has, and
+// for fp_qmm with float32 x.
 template <typename T, int bits>
 const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
   const void* kernel = nullptr;
@@ -68,6 +79,18 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
         case KernelFamily::dequantize:
           kernel =
               reinterpret_cast<const void*>(&fp_dequantize<T, bits, encoding>);
+          break;
+        case KernelFamily::qmm:
+        case KernelFamily::qmm_grouped:
+          if constexpr (!std::is_same_v<T, float>) {
+            with_qmm_x_blocks(key.x_blocks, [&](auto x_blocks) {
+              kernel = key.family == KernelFamily::qmm
+                           ? reinterpret_cast<const void*>(
+                                 &fp_qmm<T, bits, encoding, x_blocks>)
+                           : reinterpret_cast<const void*>(
+                                 &fp_qmm_grouped<T, bits, encoding, x_blocks>);
+            });
+          }
           break;
         case KernelFamily::qmv_cluster:
           kernel = key.x_blocks == 1

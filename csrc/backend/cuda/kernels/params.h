@@ -79,6 +79,54 @@ inline constexpr int kDefaultSharedLimit = 48 * 1024;
 // fp_qmv_cluster's blocks per cluster: its splits of K.
 inline constexpr int kClusterSplits = 4;
 
+// qmm (x @ W^T above the decode range, and the grouped gather's runs): a
+// block multiplies kQmmRowsPerBlock rows of W with x_blocks * 8 rows of x
+// (x_blocks 4 or 8), both staged in shared memory by cp.async,
+// qmm_stages(bits, x_blocks) stages in flight, each a pass of fp_qmv's lanes
+// over K (qmv_pass_codes: 64 bytes of a row of W). Each of the kQmmWarps
+// warps owns kQmmTilesPerWarp tiles of the block's W rows and multiplies
+// them with all of its x rows, so W is decoded once per block. bfloat16 and
+// float16 x.
+inline constexpr int kQmmWarps = 4;
+inline constexpr int kQmmThreads = kQmmWarps * kWarpSize;
+inline constexpr int kQmmTilesPerWarp = 2;
+inline constexpr int kQmmRowsPerBlock =
+    kQmmWarps * kQmmTilesPerWarp * kTileRows;
+inline constexpr int kQmmWRowBytes = 64;
+inline constexpr int kQmmSmallXBlocks = 4;
+inline constexpr int kQmmLargeXBlocks = 8;
+constexpr int qmm_stage_codes(int bits) {
+  return qmv_pass_codes(bits);
+}
+// Blocks per SM (the launch bounds): the registers of 32 x rows allow 3.
+constexpr int qmm_min_blocks(int x_blocks) {
+  return x_blocks == 4 ? 3 : 2;
+}
+// 64 rows of E2M1 stages hold the most x: fewer of them fit the 99 KiB of
+// shared memory a block gets on sm_86, sm_89 and sm_12x.
+constexpr int qmm_stages(int bits, int x_blocks) {
+  return bits == 4 && x_blocks == 8 ? 3 : 4;
+}
+constexpr int qmm_x_row_bytes(int bits, int x_itemsize) {
+  return qmm_stage_codes(bits) * x_itemsize;
+}
+// A row's scales of one stage (groups of 16 codes or more) as the 4-byte
+// words that hold them: one word more, as the first may start mid-word.
+constexpr int qmm_scale_words(int bits, int scale_itemsize) {
+  return (qmm_stage_codes(bits) / 16 * scale_itemsize + 3) / 4 + 1;
+}
+constexpr int qmm_stage_bytes(
+    int bits, int x_itemsize, int scale_itemsize, int x_blocks) {
+  return kQmmRowsPerBlock *
+             (kQmmWRowBytes + 4 * qmm_scale_words(bits, scale_itemsize)) +
+         x_blocks * kXBlockRows * qmm_x_row_bytes(bits, x_itemsize);
+}
+constexpr int qmm_shared_bytes(
+    int bits, int x_itemsize, int scale_itemsize, int x_blocks) {
+  return qmm_stages(bits, x_blocks) *
+         qmm_stage_bytes(bits, x_itemsize, scale_itemsize, x_blocks);
+}
+
 // qvm (x @ W, W (K, N) grouped along N): each lane owns kQvmColumns
 // adjacent outputs (one or two packed words per row of W) for up to
 // kQvmRows rows of x; the warps of a block take turns over the rows of K of
@@ -99,8 +147,9 @@ inline constexpr int kSplitKSumThreads = 256;
 // kGroupThreads threads, counts the pairs of each expert (up to
 // kGroupMaxExperts, plus one bin for indices out of range), orders the pairs
 // by expert and cuts each expert's pairs into runs of up to kGroupRows;
-// fp_qmv_grouped then multiplies each run's rows of x, gathered, with its
-// expert's tiles of W, read once per run instead of once per pair.
+// fp_qmv_grouped (runs of kGroupRows) or fp_qmm_grouped (runs of its x rows)
+// then multiplies each run's rows of x, gathered, with its expert's tiles
+// of W, read once per run instead of once per pair.
 inline constexpr int kGroupRows = kMaxXBlocks * kXBlockRows;
 inline constexpr int kGroupThreads = 1024;
 inline constexpr int kGroupMaxExperts = 4096;
@@ -119,11 +168,11 @@ struct PairRun {
   uint32_t expert;
   uint32_t unused;
 };
-// At most this many runs: a run per kGroupRows pairs, and one more per bin
-// that has pairs.
-constexpr int64_t max_pair_runs(int64_t pairs, int64_t experts) {
+// At most this many runs of up to run_rows pairs: a run per run_rows pairs,
+// and one more per bin that has pairs.
+constexpr int64_t max_pair_runs(int64_t pairs, int64_t experts, int run_rows) {
   const int64_t bins = experts + 1 < pairs ? experts + 1 : pairs;
-  return (pairs + kGroupRows - 1) / kGroupRows + bins;
+  return (pairs + run_rows - 1) / run_rows + bins;
 }
 
 // fp_dequantize: a 32-bit word of codes per thread, kDequantizeThreads
@@ -178,7 +227,8 @@ struct QmmArgs {
   int split_k;       // 1: no split
   int split_k_step;  // codes of K per split, a multiple of the stage
   // Grouped gather's scratch, written by fp_group_pairs: the pairs in order
-  // of their experts, the runs and their number.
+  // of their experts, the runs (of up to run_rows pairs) and their number.
+  int run_rows;
   uint32_t* pair_order;
   PairRun* pair_runs;
   uint32_t* run_count;

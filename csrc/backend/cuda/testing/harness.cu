@@ -447,7 +447,9 @@ bool run_case(const Case& c, std::mt19937& rng) {
   const auto encoding = mlx_fpqmm::scale_encoding(c.mode, c.scale_type);
   const bool rounded_w = (plan.key.family == cu::KernelFamily::qmv ||
                           plan.key.family == cu::KernelFamily::qmv_cluster ||
-                          plan.key.family == cu::KernelFamily::qmv_grouped) &&
+                          plan.key.family == cu::KernelFamily::qmv_grouped ||
+                          plan.key.family == cu::KernelFamily::qmm ||
+                          plan.key.family == cu::KernelFamily::qmm_grouped) &&
       encoding != ScaleEncoding::e8m0 && encoding != ScaleEncoding::e4m3;
   const double term_eps = rounded_w ? 0x1p-8
       : c.x_type == FloatType::float32 ? 0x1p-15
@@ -602,6 +604,34 @@ std::vector<Case> test_cases() {
       }
     }
   }
+  // fp_qmm's block tiles: several blocks of x rows, K with a partial stage,
+  // x rows past M in the last block; split K; gathers of many pairs an
+  // expert (fp_qmm_grouped).
+  for (const auto& m : kModes) {
+    for (const auto& [type, tname] : {kTypes[0], kTypes[1]}) {
+      const int K = m.group_size == 64 ? 2880 + 64 : 2880;  // whole groups
+      Case c{name(m, tname, true, 100, 300, K, " tiles"), m.mode, m.group_size,
+             type, m.scale_type, true, 100, 300, K};
+      c.global_scale = m.mode == Mode::nvfp4;
+      cases.push_back(c);
+    }
+    Case split{name(m, "bf16", true, 20, 128, 8192, " tiles split"), m.mode,
+               m.group_size, FloatType::bfloat16, m.scale_type, true, 20, 128, 8192};
+    split.request = cu::KernelRequest::tiled;
+    cases.push_back(split);
+    for (auto style : {Case::Indices::random, Case::Indices::sorted,
+                       Case::Indices::out_of_range}) {
+      Case g{name(m, "bf16", true, 1, 300, 576, " gather tiles " +
+                  std::to_string(int(style))), m.mode, m.group_size,
+             FloatType::bfloat16, m.scale_type, true, 1, 300, 576};
+      g.pairs = 300;
+      g.x_matrices = style == Case::Indices::sorted ? 300 : 50;
+      g.w_matrices = 8;
+      g.indices = style;
+      g.global_scale = m.mode == Mode::nvfp4;
+      cases.push_back(g);
+    }
+  }
   // The simple path forced on a decode shape, the decode path on M > 16.
   Case s{name(kModes[0], "bf16", true, 4, 96, 256, " simple"), Mode::mxfp4, 32,
          FloatType::bfloat16, std::nullopt, true, 4, 96, 256};
@@ -611,7 +641,7 @@ std::vector<Case> test_cases() {
          FloatType::bfloat16, std::nullopt, false, 20, 256, 100};
   q.request = cu::KernelRequest::decode;
   cases.push_back(q);
-  // Both x @ W^T kernels on every transposed case, and fp_qmv as planned
+  // Every x @ W^T kernel on every transposed case, and fp_qmv as planned
   // for sm_80 (its splits of K add up through partials, not in clusters).
   const size_t planned = cases.size();
   for (size_t i = 0; i < planned; ++i) {
@@ -620,6 +650,16 @@ std::vector<Case> test_cases() {
       staged.name += " staged";
       staged.request = cu::KernelRequest::staged;
       cases.push_back(staged);
+      if (cases[i].x_type != FloatType::float32 || cases[i].nonfinite) {
+        Case tiled = cases[i];
+        tiled.name += " tiled";
+        tiled.request = cu::KernelRequest::tiled;
+        if (tiled.x_type == FloatType::float32) {
+          tiled.x_type = FloatType::bfloat16;
+          tiled.name += " bf16";
+        }
+        cases.push_back(tiled);
+      }
       Case ampere = cases[i];
       ampere.name += " sm_80";
       ampere.as_sm80 = true;
@@ -701,21 +741,22 @@ void bench(const std::string& only) {
   void* y = nullptr;
   float* partials = nullptr;
   float* global_scale = nullptr;
-  CHECK_CUDA(cudaMalloc(&x, 16 << 20));
-  CHECK_CUDA(cudaMalloc(&y, 64 << 20));
-  CHECK_CUDA(cudaMalloc(&partials, 64 << 20));
+  CHECK_CUDA(cudaMalloc(&x, 256 << 20));
+  CHECK_CUDA(cudaMalloc(&y, 256 << 20));
+  CHECK_CUDA(cudaMalloc(&partials, 256 << 20));
   CHECK_CUDA(cudaMalloc(&global_scale, 1024));
-  fill_kernel<<<256, 256>>>((uint32_t*)x, (16 << 20) / 4, 7, 0x3F1F3F1Fu, 0x3C003C00u);
+  fill_kernel<<<256, 256>>>((uint32_t*)x, (256 << 20) / 4, 7, 0x3F1F3F1Fu, 0x3C003C00u);
   fill_kernel<<<1, 256>>>((uint32_t*)global_scale, 256, 0, 0, 0x44FA0000u);  // 2000.0
 
   auto run_dense = [&](const std::string& label, QmmProblem problem,
                        const std::vector<uint32_t>* lhs, const std::vector<uint32_t>* rhs,
                        int64_t weight_bytes, int64_t scale_bytes, int64_t set_w, int64_t set_s,
-                       cu::CudaDevice as = {}) {
+                       cu::CudaDevice as = {},
+                       cu::KernelRequest request = cu::KernelRequest::automatic) {
     if (!only.empty() && label.find(only) == std::string::npos) {
       return;
     }
-    const auto plan = cu::plan(problem, as.major ? as : device, cu::KernelRequest::automatic);
+    const auto plan = cu::plan(problem, as.major ? as : device, request);
     const int copies = int(std::max<int64_t>(2, kPool / set_w));
     DeviceProblem d;
     d.x = x;
@@ -750,14 +791,20 @@ void bench(const std::string& only) {
     cudaFree(d.scratch);
   };
 
+  // Decode (M = 1, 8: every x type, the automatic plan) and prefill (the
+  // simple path, fp_qmv tiled over M, and fp_qmm side by side).
   const std::vector<std::pair<int, int>> shapes = {{14336, 4096}, {4096, 4096}, {1024, 4096}};
   for (const auto& m : kModes) {
     const auto& format = mlx_fpqmm::format_for(m.mode);
     const ModeSpec spec = m.mode == Mode::fp4 ? ModeSpec{Mode::fp4, 32, FloatType::bfloat16, "fp4"}
         : m.mode == Mode::fp8 ? ModeSpec{Mode::fp8, 32, FloatType::bfloat16, "fp8"} : m;
     for (auto [N, K] : shapes) {
-      for (int M : {1, 8}) {
+      for (int M : {1, 8, 24, 32, 64, 128, 256, 512, 1024, 4096}) {
         for (const auto& [type, tname] : kTypes) {
+          const bool decode = M <= 8;
+          if (!decode && type != FloatType::bfloat16) {
+            continue;
+          }
           QmmProblem p{};
           p.mode = spec.mode;
           p.group_size = spec.group_size;
@@ -771,12 +818,26 @@ void bench(const std::string& only) {
           const int64_t wb = int64_t(N) * K * format.bits / 8;
           const int64_t sb = int64_t(N) * (K / spec.group_size) *
               mlx_fpqmm::scale_itemsize(mlx_fpqmm::scale_encoding(spec.mode, spec.scale_type));
-          const std::string label = std::string(spec.name) + " " + std::to_string(N) + "x" +
-              std::to_string(K) + " M=" + std::to_string(M) + " " + tname;
-          run_dense(label, p, nullptr, nullptr, wb, sb, (wb + 255) / 256 * 256, (sb + 255) / 256 * 256);
-          if (N == 1024) {
-            run_dense(label + " sm_80 plan", p, nullptr, nullptr, wb, sb, (wb + 255) / 256 * 256,
-                      (sb + 255) / 256 * 256, {8, 0, device.sm_count});
+          const int64_t set_w = (wb + 255) / 256 * 256;
+          const int64_t set_s = (sb + 255) / 256 * 256;
+          const std::string shape = std::string(spec.name) + " " + std::to_string(N) + "x" +
+              std::to_string(K);
+          if (decode) {
+            const std::string label = shape + " M=" + std::to_string(M) + " " + tname;
+            run_dense(label, p, nullptr, nullptr, wb, sb, set_w, set_s);
+            if (N == 1024) {
+              run_dense(label + " sm_80 plan", p, nullptr, nullptr, wb, sb, set_w, set_s,
+                        {8, 0, device.sm_count});
+            }
+            continue;
+          }
+          for (auto request : {cu::KernelRequest::simple, cu::KernelRequest::tiled}) {
+            if (request == cu::KernelRequest::simple && M > 128) {
+              continue;
+            }
+            run_dense(shape + " prefill M=" + std::to_string(M) + " " +
+                          std::string(cu::request_name(request)),
+                      p, nullptr, nullptr, wb, sb, set_w, set_s, {}, request);
           }
         }
       }
@@ -784,7 +845,7 @@ void bench(const std::string& only) {
   }
   // gpt-oss layer: 32 experts of 2880 x 2880 mxfp4, top 4.
   std::mt19937 rng(5);
-  for (int tokens : {1, 8, 128}) {
+  for (int tokens : {1, 8, 32, 64, 128, 512, 2048, 8192}) {
     for (bool sorted : {false, true}) {
       std::vector<uint32_t> lhs, rhs;
       for (int t = 0; t < tokens; ++t) {
@@ -828,8 +889,11 @@ void bench(const std::string& only) {
       distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
       const std::string label = "gather mxfp4 32x2880^2 top4 T=" + std::to_string(tokens) +
           (sorted ? " sorted" : "");
-      run_dense(label, p, &lhs, &rhs, wb * int64_t(distinct.size()),
-                sb * int64_t(distinct.size()), wb * 32, sb * 32);
+      for (auto request : {cu::KernelRequest::grouped, cu::KernelRequest::tiled}) {
+        run_dense(label + " " + std::string(cu::request_name(request)), p, &lhs, &rhs,
+                  wb * int64_t(distinct.size()), sb * int64_t(distinct.size()), wb * 32,
+                  sb * 32, {}, request);
+      }
     }
   }
   cudaFree(pool);

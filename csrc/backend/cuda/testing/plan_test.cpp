@@ -144,13 +144,61 @@ int main() {
           ampere.reduction &&
           ampere.reduction->kernel == "fpqmm_split_k_sum_bfloat16",
       "sm_80: partials and their reduction");
-  // x rows: 9..16 take two x blocks, more the simple path.
+  // x rows: 9..16 take two x blocks, more fp_qmm's block tiles (128 W rows
+  // by 32 x rows, 64 past kQmmSmallRows), or where fp_qmm does not run
+  // (float32 x) the simple path.
   auto m12 = auto_plan(problem(Mode::nvfp4, true, 12, 14336, 4096), h200);
   check(m12.main.kernel == "fpqmm_qmv_e2m1_e4m3_bfloat16_x16", m12.main.kernel);
   auto m40 = auto_plan(problem(Mode::mxfp8, true, 40, 14336, 4096), h200);
   check(
-      m40.path == cu::KernelPath::simple && m40.main.grid[1] == 3 * m40.split_k,
-      "M=40 simple over 3 x blocks");
+      m40.path == cu::KernelPath::tiled &&
+          m40.main.kernel == "fpqmm_qmm_e4m3_e8m0_bfloat16_x32" &&
+          m40.main.grid[0] == 112 && m40.main.grid[1] == 2 * m40.split_k &&
+          m40.main.block[0] == fpqmm::cuda::kQmmThreads &&
+          m40.main.shared_bytes == 4 * (128 * (64 + 4 * 2) + 32 * 64 * 2),
+      "M=40 tiled: " + m40.main.kernel);
+  check(
+      auto_plan(problem(Mode::mxfp4, true, cu::kQmmSmallRows, 4096, 4096), h200)
+              .main.kernel.ends_with("_x32") &&
+          auto_plan(
+              problem(Mode::mxfp4, true, cu::kQmmSmallRows + 1, 4096, 4096),
+              h200)
+              .main.kernel.ends_with("_x64"),
+      "tiled: 64 x rows a block past kQmmSmallRows");
+  auto f32_problem = problem(Mode::mxfp8, true, 40, 14336, 4096);
+  f32_problem.x_type = FloatType::float32;
+  auto f32_m40 = auto_plan(f32_problem, h200);
+  check(
+      f32_m40.path == cu::KernelPath::simple &&
+          f32_m40.main.grid[1] == 3 * f32_m40.split_k &&
+          f32_m40.note.find("float32 x") != std::string::npos,
+      "M=40 float32 x: simple over 3 x blocks");
+  auto scales_unaligned = problem(Mode::mxfp4, true, 64, 4096, 4096);
+  scales_unaligned.scales_alignment = 2;
+  check(
+      auto_plan(scales_unaligned, h200).path == cu::KernelPath::simple,
+      "tiled needs 4-byte aligned scales");
+  // A small grid splits K; a tiled request at a decode M.
+  auto few_tiles = auto_plan(problem(Mode::mxfp4, true, 64, 256, 8192), h200);
+  check(
+      few_tiles.path == cu::KernelPath::tiled && few_tiles.split_k > 1 &&
+          few_tiles.split_k_step % fpqmm::cuda::qmm_stage_codes(4) == 0 &&
+          few_tiles.reduction,
+      "tiled split K");
+  check(
+      cu::plan(
+          problem(Mode::nvfp4, true, 1, 4096, 4096),
+          h200,
+          cu::KernelRequest::tiled)
+              .key.family == cu::KernelFamily::qmm,
+      "tiled requested at M=1");
+  check(
+      cu::plan(
+          problem(Mode::nvfp4, false, 64, 4096, 4096),
+          h200,
+          cu::KernelRequest::tiled)
+          .note.starts_with("tiled requested, not taken: x @ W"),
+      "tiled not taken for x @ W");
   // What fp_qmv cannot take goes to fp_qmv_staged.
   auto odd_k = auto_plan(problem(Mode::nvfp4, true, 40, 14336, 4112), h200);
   check(
@@ -210,14 +258,27 @@ int main() {
   // Many rows: the op's dequantize + matmul, unless another path is asked
   // for; the primitive itself (a vjp's) plans them as simple.
   using cu::KernelRequest;
+  auto rows = [](int M, FloatType x_type = FloatType::bfloat16) {
+    auto p = problem(Mode::mxfp4, true, M, 4096, 4096);
+    p.x_type = x_type;
+    return p;
+  };
   check(
-      !cu::dequantize_then_matmul(cu::kSimpleRows, KernelRequest::automatic) &&
+      !cu::dequantize_then_matmul(
+          rows(cu::kTiledRows), KernelRequest::automatic) &&
           cu::dequantize_then_matmul(
-              cu::kSimpleRows + 1, KernelRequest::automatic) &&
-          !cu::dequantize_then_matmul(4096, KernelRequest::simple) &&
-          !cu::dequantize_then_matmul(4096, KernelRequest::decode) &&
-          cu::dequantize_then_matmul(1, KernelRequest::dequantize),
-      "dequantize + matmul above the simple rows");
+              rows(cu::kTiledRows + 1), KernelRequest::automatic) &&
+          !cu::dequantize_then_matmul(
+              rows(cu::kSimpleRows, FloatType::float32),
+              KernelRequest::automatic) &&
+          cu::dequantize_then_matmul(
+              rows(cu::kSimpleRows + 1, FloatType::float32),
+              KernelRequest::automatic) &&
+          !cu::dequantize_then_matmul(rows(4096), KernelRequest::simple) &&
+          !cu::dequantize_then_matmul(rows(4096), KernelRequest::decode) &&
+          !cu::dequantize_then_matmul(rows(4096), KernelRequest::tiled) &&
+          cu::dequantize_then_matmul(rows(1), KernelRequest::dequantize),
+      "dequantize + matmul above the tiled (or simple) rows");
   // A gather: pairs of one row (sorted here unless sorted with x in pair
   // order) from 192 rows an expert, within MLX's grouped GEMM's 1024 experts
   // and 4 GiB of dequantized experts; any layout on request.
@@ -228,12 +289,26 @@ int main() {
   auto takes = [](const cu::GatherRows& rows) {
     return cu::gather_dequantize_then_matmul(rows, KernelRequest::automatic);
   };
+  // fp_qmm_grouped's threshold (bfloat16 x), fp_qmv_grouped's (float32 x).
+  const int tiled_rows = cu::kGatherRowsPerExpertTiled * 32;
+  auto moe_f32 = [](int pairs, int x_matrices, bool sorted) {
+    return cu::gather_rows(
+        gather_problem(
+            pairs, 1, 2880, 2880, x_matrices, 32, FloatType::float32),
+        sorted);
+  };
   check(
       moe(256, 1, 256, true).in_order && !moe(256, 1, 32, true).in_order &&
-          !moe(256, 1, 256, false).in_order &&
-          takes(moe(6144, 1, 6144, true)) && !takes(moe(6143, 1, 6143, true)) &&
-          takes(moe(8192, 1, 2048, false)) && !takes(moe(8192, 2, 8192, true)),
-      "gather: dequantize + gather_mm for single rows from 192 an expert");
+          !moe(256, 1, 256, false).in_order && moe(256, 1, 256, true).tiled &&
+          !moe(255, 1, 255, true).tiled &&
+          takes(moe(tiled_rows, 1, tiled_rows, true)) &&
+          !takes(moe(tiled_rows - 1, 1, tiled_rows - 1, true)) &&
+          !moe_f32(6144, 6144, true).tiled &&
+          takes(moe_f32(6144, 6144, true)) &&
+          !takes(moe_f32(6143, 6143, true)) &&
+          takes(moe_f32(8192, 2048, false)) && !takes(moe(8192, 2, 8192, true)),
+      "gather: dequantize + gather_mm for single rows from 192 an expert "
+      "(fp_qmv_grouped), kGatherRowsPerExpertTiled (fp_qmm_grouped)");
   // Where our grouped path does not run (here x @ W), from 12 rows an
   // expert; a grouped request is automatic there.
   auto per_pair = [](int pairs) {
@@ -250,7 +325,7 @@ int main() {
           !cu::gather_dequantize_then_matmul(
               moe(8192, 1, 8192, true), KernelRequest::grouped) &&
           cu::dequantize_then_matmul(
-              cu::kSimpleRows + 1, KernelRequest::grouped),
+              rows(cu::kTiledRows + 1), KernelRequest::grouped),
       "gather: dequantize + gather_mm from 12 rows an expert per pair");
   check(
       moe(4096, 1, 4096, true).dense_bytes == int64_t(32) * 2880 * 2880 * 2 &&
@@ -292,9 +367,9 @@ int main() {
       h200,
       KernelRequest::dequantize);
   check(
-      many.path == cu::KernelPath::simple &&
+      many.path == cu::KernelPath::tiled &&
           many.note.find("made elsewhere") != std::string::npos,
-      "the primitive of many rows plans simple: " + many.note);
+      "the primitive of many rows plans tiled: " + many.note);
   auto dequantize = cu::plan_dequantize(
       14336, 4096, 4, ScaleEncoding::e4m3, FloatType::float16, h200);
   check(
@@ -363,21 +438,48 @@ int main() {
   check(cu::kernel_args(gather, pairs).w_matrices == 32, "gather args");
 
   // Grouped by expert from kGroupedMinPairs pairs of one row: the grouping
-  // launch, room for a run per 16 pairs and one more per expert (and for
-  // the out-of-range bin), the grid's y capped.
+  // launch, room for a run per 64 pairs (fp_qmm_grouped, from 8 pairs an
+  // expert) or 16 (fp_qmv_grouped) and one more per expert (and for the
+  // out-of-range bin), the grid's y capped.
   auto grouped = auto_plan(gather, h200);
-  const int64_t runs = 70000 / 16 + 33;
+  const int64_t runs = (70000 + 63) / 64 + 33;
   check(
       grouped.path == cu::KernelPath::grouped &&
-          grouped.key.family == cu::KernelFamily::qmv_grouped &&
-          grouped.main.kernel == "fpqmm_qmv_grouped_e2m1_e8m0_bfloat16_x16" &&
-          grouped.max_runs == runs && grouped.main.grid[0] == 180 &&
-          grouped.main.grid[1] == runs && grouped.main.grid[2] == 1 &&
-          grouped.split_k == 1 && !grouped.reduction && grouped.grouping &&
+          grouped.key.family == cu::KernelFamily::qmm_grouped &&
+          grouped.main.kernel == "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x64" &&
+          grouped.max_runs == runs && grouped.run_rows == 64 &&
+          cu::kernel_args(gather, grouped).run_rows == 64 &&
+          grouped.main.grid[0] == 23 && grouped.main.grid[1] == runs &&
+          grouped.main.grid[2] == 1 && grouped.split_k == 1 &&
+          !grouped.reduction && grouped.grouping &&
           grouped.grouping->grid[0] == 1 &&
           grouped.grouping->block[0] == fpqmm::cuda::kGroupThreads &&
           grouped.grouping_bytes == 16 + runs * 16 + 70000 * 4,
-      "grouped gather");
+      "grouped gather, tiled");
+  auto sparse = gather;
+  sparse.batch_shape = {200};
+  sparse.x_matrices = 200;
+  auto per_run = auto_plan(sparse, h200);
+  const int64_t sparse_runs = (200 + 15) / 16 + 33;
+  check(
+      per_run.path == cu::KernelPath::grouped &&
+          per_run.key.family == cu::KernelFamily::qmv_grouped &&
+          per_run.main.kernel == "fpqmm_qmv_grouped_e2m1_e8m0_bfloat16_x16" &&
+          per_run.run_rows == 16 && per_run.max_runs == sparse_runs &&
+          per_run.main.grid[0] == 180 && per_run.main.grid[1] == sparse_runs,
+      "grouped gather, fewer than 8 pairs an expert");
+  check(
+      cu::plan(sparse, h200, cu::KernelRequest::tiled).main.kernel ==
+          "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x32",
+      "grouped gather, tiled requested");
+  auto below_large = gather;
+  below_large.batch_shape = {cu::kQmmGroupedLargeRows * 32 - 1};
+  auto at_large = gather;
+  at_large.batch_shape = {cu::kQmmGroupedLargeRows * 32};
+  check(
+      auto_plan(below_large, h200).run_rows == 32 &&
+          auto_plan(at_large, h200).run_rows == 64,
+      "grouped gather: runs of 64 from kQmmGroupedLargeRows an expert");
   auto few = gather;
   few.batch_shape = {cu::kGroupedMinPairs - 1};
   few.x_matrices = 1;
@@ -389,7 +491,7 @@ int main() {
           1 + cu::kGroupedMinPairs,
       "runs: at most one per pair");
   auto huge_grid = gather;
-  huge_grid.batch_shape = {2000000};
+  huge_grid.batch_shape = {8000000};
   check(
       auto_plan(huge_grid, h200).main.grid[1] == 65535,
       "grouped grid y capped");

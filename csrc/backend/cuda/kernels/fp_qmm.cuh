@@ -1,0 +1,356 @@
+// y = x @ W^T above the decode range, and the grouped gather's runs: W (N, K)
+// grouped along K, in block tiles on the tensor cores. The block's rows of
+// W (codes and scales) and of x go through a ring of shared-memory stages
+// filled by cp.async, so that several stages of loads are in flight without
+// holding registers; each warp decodes its rows of W once a stage and
+// multiplies them with every row of x of the block. The mma steps, the
+// order of K within them and the scales multiplied into the bfloat16 code
+// pairs are fp_qmv's (fp_qmv.cuh).
+#pragma once
+
+#include "backend/cuda/kernels/fp_qmv.cuh"
+
+namespace fpqmm::cuda {
+
+// One stage in shared memory: the block's rows of W (codes; the 64-byte
+// rows of two rows of a quarter warp fill the 32 banks), the 4-byte words
+// that hold their scales, then the block's rows of x, whose 16-byte units
+// are placed so that the lanes of a quarter warp read distinct banks.
+template <typename T, int bits, int encoding, int x_blocks>
+struct QmmStage {
+  using S = typename ScaleStorage<encoding>::type;
+  static constexpr int codes = qmm_stage_codes(bits);
+  static constexpr int w_row_units = kQmmWRowBytes / 16;
+  static constexpr int scale_words = qmm_scale_words(bits, sizeof(S));
+  static constexpr int scales_offset = kQmmRowsPerBlock * kQmmWRowBytes;
+  static constexpr int x_offset =
+      scales_offset + kQmmRowsPerBlock * scale_words * 4;
+  static constexpr int x_row_bytes = qmm_x_row_bytes(bits, sizeof(T));
+  static constexpr int x_row_units = x_row_bytes / 16;
+  static constexpr int bytes = x_offset + x_blocks * kXBlockRows * x_row_bytes;
+  static_assert(bytes == qmm_stage_bytes(bits, sizeof(T), sizeof(S), x_blocks));
+  // A lane's 16 bytes of codes (a chunk) cover this many units of x: 4 for
+  // E2M1, 2 for E4M3.
+  static constexpr int x_chunk_units = 128 / bits * int(sizeof(T)) / 16;
+
+  // Lane (row r, thread t) reads unit t * x_chunk_units + v; the units of a
+  // 128-byte line are permuted by the line and the row's parity, so that
+  // rows r, r + 1 and threads 0..3 read eight distinct 16-byte banks.
+  __device__ static int x_unit(int row, int unit) {
+    constexpr int half = x_chunk_units / 2;
+    return unit ^ (((unit >> 3) & (half - 1)) | ((row & 1) * half));
+  }
+};
+
+// `bytes` (0 to size) of the `size` bytes at `global` (aligned to them) to
+// shared memory, the rest zero-filled: 16 bytes past L1, 4 through it.
+template <int size>
+__device__ __forceinline__ void copy_async(
+    void* shared, const void* global, int bytes) {
+  const auto to = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+  if constexpr (size == 16) {
+    asm volatile(
+        "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to),
+        "l"(global),
+        "r"(bytes));
+  } else {
+    static_assert(size == 4);
+    asm volatile(
+        "cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(to),
+        "l"(global),
+        "r"(bytes));
+  }
+}
+
+__device__ __forceinline__ void commit_async() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int pending>
+__device__ __forceinline__ void wait_async() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+}
+
+// W rows [n0, n0 + kQmmRowsPerBlock) times the M rows of x from m0 (up to
+// x_blocks * 8) over K range [k_begin, k_end) of one product; every thread of
+// the block calls it, and the sums go to y, or to float32 partials with
+// split K. `rows` says where x's and y's rows are. W, x and the scales are
+// 16-, 16- and 4-byte aligned, rows of W whole 16-byte vectors (the plan's
+// rules).
+template <
+    typename T,
+    int bits,
+    int encoding,
+    int x_blocks,
+    typename Rows = ContiguousRows>
+__device__ __forceinline__ void fp_qmm_impl(
+    const QmmArgs& args,
+    const Operands<T, encoding>& op,
+    uint8_t* shared,
+    int M,
+    int m0,
+    int n0,
+    int k_begin,
+    int k_end,
+    T* y,
+    float* partials,
+    const Rows& rows = {}) {
+  using Stage = QmmStage<T, bits, encoding, x_blocks>;
+  using S = typename Stage::S;
+  constexpr int stages = qmm_stages(bits, x_blocks);
+  constexpr int tiles = kQmmTilesPerWarp;
+  constexpr int groups = kChunkGroups<bits, encoding>;
+  constexpr int chunk_codes = 128 / bits;
+  constexpr int word_codes = 32 / bits;
+  constexpr int x_word_words = word_codes * int(sizeof(T)) / 4;
+  constexpr int words_per_unit = 4 / x_word_words;
+  constexpr int unit_codes = 16 / int(sizeof(T));
+
+  const int N = args.N;
+  const int K = args.K;
+  const int warp = threadIdx.x / kWarpSize;
+  const FragmentLane lane = fragment_lane(threadIdx.x % kWarpSize);
+  const int group_shift = __ffs(args.group_size) - 1;
+  const int64_t w_row_bytes = int64_t(K) * bits / 8;
+  const int64_t scales_per_row = K >> group_shift;
+  const int stage_count =
+      op.valid ? (k_end - k_begin + Stage::codes - 1) / Stage::codes : 0;
+  const int live_blocks =
+      min(x_blocks, (M - m0 + kXBlockRows - 1) / kXBlockRows);
+  const auto* w_bytes = reinterpret_cast<const uint8_t*>(op.w);
+  const auto* scale_bytes = reinterpret_cast<const uint8_t*>(op.scales);
+
+  // The copies of this thread: one unit of a row of W and of x each, every
+  // so many rows, and words of the rows' scales.
+  constexpr int w_row_step = kQmmThreads / Stage::w_row_units;
+  constexpr int w_copies = kQmmRowsPerBlock / w_row_step;
+  const int w_unit_index = threadIdx.x % Stage::w_row_units;
+  const int w_first_row = threadIdx.x / Stage::w_row_units;
+  constexpr int x_row_step = kQmmThreads / Stage::x_row_units;
+  constexpr int x_copies = x_blocks * kXBlockRows / x_row_step;
+  const int x_unit_index = threadIdx.x % Stage::x_row_units;
+  const int x_first_row = threadIdx.x / Stage::x_row_units;
+  int64_t x_offsets[x_copies];
+  bool x_row_in[x_copies];
+#pragma unroll
+  for (int c = 0; c < x_copies; ++c) {
+    const int m = m0 + x_first_row + c * x_row_step;
+    x_row_in[c] = m < M;
+    x_offsets[c] = x_row_in[c] ? rows.x(m) * K : 0;
+  }
+  constexpr int scale_copies =
+      (kQmmRowsPerBlock * Stage::scale_words + kQmmThreads - 1) / kQmmThreads;
+
+  auto issue = [&](int stage) {
+    const int k0 = k_begin + stage * Stage::codes;
+    uint8_t* slot = shared + stage % stages * Stage::bytes;
+#pragma unroll
+    for (int c = 0; c < w_copies; ++c) {
+      const int row = w_first_row + c * w_row_step;
+      const int n = n0 + row;
+      const int k = k0 + w_unit_index * (128 / bits);
+      const bool in = n < N && k < k_end;
+      copy_async<16>(
+          slot + row * kQmmWRowBytes + w_unit_index * 16,
+          in ? w_bytes + n * w_row_bytes + k * bits / 8 : w_bytes,
+          in ? 16 : 0);
+    }
+#pragma unroll
+    for (int c = 0; c < x_copies; ++c) {
+      const int row = x_first_row + c * x_row_step;
+      const int k = k0 + x_unit_index * unit_codes;
+      const bool in = x_row_in[c] && k < k_end;
+      copy_async<16>(
+          slot + Stage::x_offset + row * Stage::x_row_bytes +
+              Stage::x_unit(row, x_unit_index) * 16,
+          in ? op.x + x_offsets[c] + k : op.x,
+          in ? 16 : 0);
+    }
+    // The words over each row's groups of the stage, bytes past them (the
+    // next row's, or past K) zero-filled.
+    const int first_group = k0 >> group_shift;
+    const int end_group =
+        ((min(k0 + Stage::codes, k_end) - 1) >> group_shift) + 1;
+#pragma unroll
+    for (int c = 0; c < scale_copies; ++c) {
+      const int index = threadIdx.x + c * kQmmThreads;
+      const int row = index / Stage::scale_words;
+      const int word = index % Stage::scale_words;
+      const int n = n0 + row;
+      if (row < kQmmRowsPerBlock) {
+        const uint8_t* begin =
+            scale_bytes +
+            (n * scales_per_row + first_group) * int64_t(sizeof(S));
+        const uint8_t* end = begin + (end_group - first_group) * int(sizeof(S));
+        const uint8_t* at =
+            reinterpret_cast<const uint8_t*>(
+                reinterpret_cast<uintptr_t>(begin) & ~uintptr_t(3)) +
+            4 * word;
+        const int bytes =
+            n < N ? int(max(int64_t(0), min(int64_t(4), end - at))) : 0;
+        copy_async<4>(
+            slot + Stage::scales_offset + index * 4,
+            bytes > 0 ? at : static_cast<const void*>(args.scales),
+            bytes);
+      }
+    }
+  };
+
+  float sums[tiles][x_blocks][4];
+  fill_sums(sums, op.valid ? 0.0f : quiet_nan());
+
+  // This lane's rows of W in the block, and where their scales start in
+  // their first word.
+  int w_rows[tiles][2];
+  int scale_leads[tiles][2];
+#pragma unroll
+  for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      w_rows[t][h] = (warp * tiles + t) * kTileRows + h * 8 + lane.group;
+      scale_leads[t][h] =
+          int(reinterpret_cast<uintptr_t>(
+                  scale_bytes +
+                  (n0 + w_rows[t][h]) * scales_per_row * int64_t(sizeof(S))) &
+              3);
+    }
+  }
+
+  auto compute = [&](const uint8_t* slot, int k0) {
+    const int first_group = k0 >> group_shift;
+    uint4 codes[tiles][2];
+    float scales[tiles][2][groups];
+    bool two_steps = false;
+#pragma unroll
+    for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = w_rows[t][h];
+        codes[t][h] = *reinterpret_cast<const uint4*>(
+            slot + row * kQmmWRowBytes + lane.thread * 16);
+        const uint8_t* row_scales =
+            slot + Stage::scales_offset + row * Stage::scale_words * 4 +
+            ((scale_leads[t][h] + first_group * int(sizeof(S))) & 3);
+#pragma unroll
+        for (int g = 0; g < groups; ++g) {
+          const int k =
+              k0 + lane.thread * chunk_codes + g * (chunk_codes / groups);
+          scales[t][h][g] = decode_scale<encoding>(*reinterpret_cast<const S*>(
+              row_scales +
+              ((k >> group_shift) - first_group) * int(sizeof(S))));
+          two_steps |= needs_two_steps<bits, encoding>(scales[t][h][g]);
+        }
+      }
+    }
+    uint4 x_units[x_blocks];
+    multiply_chunk<T, bits, encoding>(
+        sums,
+        codes,
+        scales,
+        two_steps,
+        [&](int word, auto& x_word) {
+          const int unit = word / words_per_unit;
+#pragma unroll
+          for (int b = 0; b < x_blocks; ++b) {
+            if (word % words_per_unit == 0 && b < live_blocks) {
+              const int row = b * kXBlockRows + lane.group;
+              x_units[b] = *reinterpret_cast<const uint4*>(
+                  slot + Stage::x_offset + row * Stage::x_row_bytes +
+                  Stage::x_unit(
+                      row, lane.thread * Stage::x_chunk_units + unit) *
+                      16);
+            }
+            x_word[b] = reinterpret_cast<const uint32_t*>(&x_units[b]) +
+                        word % words_per_unit * x_word_words;
+          }
+        },
+        live_blocks);
+  };
+
+#pragma unroll
+  for (int s = 0; s < stages - 1; ++s) {
+    if (s < stage_count) {
+      issue(s);
+    }
+    commit_async();
+  }
+  for (int s = 0; s < stage_count; ++s) {
+    wait_async<stages - 2>();
+    // Stage s has landed for every thread, and every warp is done with
+    // stage s - 1, whose slot the next copies fill.
+    __syncthreads();
+    if (s + stages - 1 < stage_count) {
+      issue(s + stages - 1);
+    }
+    commit_async();
+    compute(shared + s % stages * Stage::bytes, k_begin + s * Stage::codes);
+  }
+  wait_async<0>();
+
+  const float factor = op.factor * power_of_two(scale_shift<encoding>());
+#pragma unroll
+  for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+    for (int b = 0; b < x_blocks; ++b) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        store_output(
+            sums[t][b][i] * factor,
+            m0 + b * kXBlockRows + 2 * lane.thread + i % 2,
+            n0 + w_rows[t][i / 2],
+            M,
+            args.N,
+            y,
+            partials,
+            rows);
+      }
+    }
+  }
+}
+
+template <typename T, int bits, int encoding, int x_blocks>
+__global__ void __launch_bounds__(kQmmThreads, qmm_min_blocks(x_blocks))
+    fp_qmm(const QmmArgs args) {
+  extern __shared__ uint4 shared_words[];
+  auto* shared = reinterpret_cast<uint8_t*>(shared_words);
+  transposed_grid<T, bits, encoding, x_blocks>(
+      args,
+      kQmmRowsPerBlock,
+      [&](const auto& op,
+          int m0,
+          int n0,
+          int k_begin,
+          int k_end,
+          T* y,
+          float* partials) {
+        fp_qmm_impl<T, bits, encoding, x_blocks>(
+            args, op, shared, args.M, m0, n0, k_begin, k_end, y, partials);
+      });
+}
+
+// fp_qmm over the runs of fp_group_pairs (grid y walks them): each block
+// multiplies a run's rows of x, gathered, by its expert's rows of W.
+template <typename T, int bits, int encoding, int x_blocks>
+__global__ void __launch_bounds__(kQmmThreads, qmm_min_blocks(x_blocks))
+    fp_qmm_grouped(const QmmArgs args) {
+  extern __shared__ uint4 shared_words[];
+  auto* shared = reinterpret_cast<uint8_t*>(shared_words);
+  const int n0 = blockIdx.x * kQmmRowsPerBlock;
+  grouped_runs<T, bits, encoding>(
+      args, [&](const auto& op, const GatheredRows& rows, int count) {
+        fp_qmm_impl<T, bits, encoding, x_blocks>(
+            args,
+            op,
+            shared,
+            count,
+            0,
+            n0,
+            0,
+            args.K,
+            static_cast<T*>(args.y),
+            nullptr,
+            rows);
+      });
+}
+
+}  // namespace fpqmm::cuda
