@@ -1,5 +1,7 @@
 #include "ops/ops.h"
 
+#include <algorithm>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 
@@ -35,7 +37,9 @@ std::optional<mx::array> dequantized_product(
       mode,
       group_size,
       transpose,
-      static_cast<int>(w.ndim() == 2 ? x.size() / x.shape(-1) : x.shape(-2)),
+      static_cast<int>(std::min<int64_t>(
+          w.ndim() == 2 ? x.size() / x.shape(-1) : x.shape(-2),
+          std::numeric_limits<int>::max())),
       transpose ? w.shape(-2) : w.shape(-1) * 32 / format_for(mode).bits,
       x.shape(-1),
       float_type(x.dtype())};
