@@ -348,7 +348,7 @@ bool dequantize_then_matmul(const QmmProblem& problem, KernelRequest request) {
   return request == KernelRequest::dequantize ||
          ((request == KernelRequest::automatic ||
            request == KernelRequest::grouped) &&
-          problem.M > primitive_rows(problem));
+          problem.M > kSimpleRows && problem.M > primitive_rows(problem));
 }
 
 GatherRows gather_rows(const QmmProblem& p, bool sorted_pairs) {
@@ -358,6 +358,7 @@ GatherRows gather_rows(const QmmProblem& p, bool sorted_pairs) {
   const int64_t M = p.M;
   const int64_t N = p.N;
   const int64_t K = p.K;
+  const bool grouped_path = grouped_gather(p);
   const int64_t experts = p.w_matrices;
   const int64_t x_bytes = itemsize(p.x_type);
   const int64_t dense_bytes = experts * N * K * x_bytes;
@@ -371,8 +372,8 @@ GatherRows gather_rows(const QmmProblem& p, bool sorted_pairs) {
       sorted_pairs && p.x_matrices == pairs,
       pairs <= kMaxGridZ && pairs * M * N < k2to31 &&
           p.x_matrices * M * K < k2to32 && experts * N * K < k2to32,
-      grouped_gather(p),
-      grouped_gather(p) && grouped_tiled(p, KernelRequest::automatic)};
+      grouped_path,
+      grouped_path && grouped_tiled(p, KernelRequest::automatic)};
 }
 
 bool gather_dequantize_then_matmul(

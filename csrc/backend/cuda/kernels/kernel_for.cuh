@@ -34,12 +34,12 @@ void with_encoding(ScaleEncoding encoding, F&& f) {
   }
 }
 
-// fp_qmm's x blocks: 4 or 8.
+// fp_qmm's x blocks: 4 or 8 (nothing is called for others).
 template <typename F>
 void with_qmm_x_blocks(int x_blocks, F&& f) {
   if (x_blocks == kQmmSmallXBlocks) {
     f(Int<kQmmSmallXBlocks>{});
-  } else {
+  } else if (x_blocks == kQmmLargeXBlocks) {
     f(Int<kQmmLargeXBlocks>{});
   }
 }

@@ -146,11 +146,10 @@ inline constexpr int kSplitKSumThreads = 256;
 // Grouped gather (pairs of one row each): fp_group_pairs, one block of
 // kGroupThreads threads, counts the pairs of each expert (up to
 // kGroupMaxExperts, plus one bin for indices out of range), orders the pairs
-// by expert and cuts each expert's pairs into runs of up to kGroupRows;
-// fp_qmv_grouped (runs of kGroupRows) or fp_qmm_grouped (runs of its x rows)
+// by expert and cuts each expert's pairs into runs of up to run_rows (the
+// x rows of a block of the grouped kernel); fp_qmv_grouped or fp_qmm_grouped
 // then multiplies each run's rows of x, gathered, with its expert's tiles
 // of W, read once per run instead of once per pair.
-inline constexpr int kGroupRows = kMaxXBlocks * kXBlockRows;
 inline constexpr int kGroupThreads = 1024;
 inline constexpr int kGroupMaxExperts = 4096;
 // Keeps the scratch (about 5 bytes a pair) within an array of 2^31 words.
