@@ -221,6 +221,39 @@ def test_batched_and_broadcast_weights(transpose, w_batch, M):
             assert relative_error(y[i, j], reference) < tolerance(x, w_q_b)
 
 
+def test_kernels_one_after_another_in_any_order():
+    """Products that run different kernels (the decode kernel with bfloat16,
+    float16 and float32 x, a cluster split of K, x @ W, the staged kernel, an
+    empty K), each evaluated on its own, in three orders: each must match the
+    reference whatever ran before it. MLX reuses an executable CUDA graph of
+    the same shape for the next product and updates its kernel node in place."""
+    cases = [
+        ("mxfp4", mx.bfloat16, 1, 200, 1152, True),
+        ("nvfp4", mx.float32, 1, 200, 1152, True),
+        ("mxfp4", mx.float16, 1, 64, 8192, True),
+        ("mxfp8", mx.float32, 4, 128, 512, True),
+        ("fp4", mx.float32, 1, 96, 512, True),
+        ("mxfp4", mx.bfloat16, 3, 256, 192, False),
+        ("mxfp4", mx.float32, 4, 64, 0, True),
+    ]
+    for order in (cases, cases[::-1], cases[::2] + cases[1::2]):
+        for mode, dtype, M, N, K, transpose in order:
+            x = mx.random.normal((M, K)).astype(dtype)
+            if K == 0:
+                w_q = mx.zeros((N, 0), dtype=mx.uint32)
+                scales = mx.zeros((N, 0), dtype=mx.uint8)
+                y = product(mode, x, w_q, scales, GPU)
+                assert not np.array(y).any(), (mode, dtype, M, N, K)
+                continue
+            rows, cols = (N, K) if transpose else (K, N)
+            w_dtype = mx.float16 if mode == "fp4" else mx.float32
+            w_q, scales = quantized(mode, rows, cols, dtype=w_dtype)
+            y = product(mode, x, w_q, scales, GPU, transpose=transpose)
+            reference = qmm_reference(x, w_q, scales, mode, transpose)
+            error = relative_error(y, reference)
+            assert error < TOLERANCE[dtype], (mode, dtype, M, N, K, transpose, error)
+
+
 @pytest.mark.parametrize("shape", [(0, 64, 64), (4, 0, 64), (4, 64, 0)], ids=str)
 @pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
 def test_empty_shapes(shape, transpose):
