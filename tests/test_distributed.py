@@ -317,10 +317,16 @@ def test_sharded_generate_dead_rank(backend, how, tmp_path):
     step = r"in the sharded model's all_sum(, warm-up)? \(token \d+ of (4|32)\)"
     lost = r"rank 0 of 2: lost another rank " + step
     stuck = r"rank 0 of 2: no progress for 3 s " + step + "; another rank is dead or stuck"
-    if how == "killed" and backend == "ring":  # the ring backend sees the closed connection
-        assert code == 1, output
+    if how == "killed" and backend == "ring" and code == 1:
+        # The ring backend sees the closed connection and raises.
         assert re.search(lost + r": \[ring\] connection to a peer was lost", output), output
         assert elapsed < 5
+    elif how == "killed" and backend == "ring":
+        # Or (MLX 0.32.4, now and then) it fails its pending tasks without raising, and the
+        # step hangs: the watchdog ends rank 0.
+        assert code == -signal.SIGKILL and re.search(stuck, output), output
+        assert "[ring] Too many send/recv errors" in output, output
+        assert elapsed < 3 + 5
     elif how == "killed":  # NCCL: its error or the watchdog, whichever comes first
         assert code in (1, -signal.SIGKILL) and re.search(f"{lost}|{stuck}", output), output
         assert elapsed < 3 + 5
