@@ -5,6 +5,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <limits>
 #include <mutex>
@@ -93,14 +95,34 @@ CUfunction driver_function(
   return it->second.function;
 }
 
+// Whether MLX records kernels into CUDA graphs: MLX_USE_CUDA_GRAPHS, read as
+// MLX reads it (an integer, 1 when unset).
+bool recording_graphs() {
+  static const bool graphs = [] {
+    const char* value = std::getenv("MLX_USE_CUDA_GRAPHS");
+    return value == nullptr || std::atoi(value) != 0;
+  }();
+  return graphs;
+}
+
+// MLX keys its cached executable graphs by the kinds of their nodes ("K" for
+// any kernel) and updates a cached one in place for the next graph of the
+// same kinds (cudaGraphExecUpdate). Updates that put another of our kernels
+// in a node gave wrong outputs (among the kernels is fp_qmv_cluster, whose
+// cluster shape is its own; MLX's subgraph_to_key says updates do not carry
+// cluster shapes over). So each kernel node is followed by an empty child
+// graph whose key names the kernel: graphs then share a key, and are
+// updated into each other, only where the same kernels sit in the same
+// places. (The kernel itself as a child graph does the same, at 3-5 us more
+// host time a product than this.)
 template <typename Args>
 void add_launch(
     mx::cu::CommandEncoder& encoder,
     const cuda::Launch& launch,
     const void* kernel,
     Args args) {
-  // The encoder copies the arguments through non-const pointers.
   auto f = driver_function(encoder.device(), kernel, launch.shared_bytes);
+  // The encoder copies the arguments through non-const pointers.
   encoder.add_kernel_node_ex(
       f,
       dim3(launch.grid[0], launch.grid[1], launch.grid[2]),
@@ -108,6 +130,18 @@ void add_launch(
       dim3(),
       static_cast<uint32_t>(launch.shared_bytes),
       args);
+  if (recording_graphs()) {
+    // Never destroyed: the encoder adds a copy of it each time.
+    static const cudaGraph_t empty = [] {
+      cudaGraph_t graph;
+      check(cudaGraphCreate(&graph, 0), "cudaGraphCreate");
+      return graph;
+    }();
+    encoder.add_graph_node(
+        empty,
+        "(F" + std::to_string(reinterpret_cast<uintptr_t>(kernel)) + ")",
+        true);
+  }
 }
 
 // The bytes that every one of `arrays`' data pointers is a multiple of (at
