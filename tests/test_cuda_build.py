@@ -104,7 +104,11 @@ def compile_sources(root: Path, sources: list[str], out: Path):
 
 # The standalone harness (csrc/backend/cuda/testing/build.sh builds it on a
 # GPU machine) and the GPU tools compile here too, with the extension's flags.
-HARNESSES = ["csrc/backend/cuda/testing/harness.cu", "tools/gpu/load_pattern.cu"]
+HARNESSES = [
+    "csrc/backend/cuda/testing/harness.cu",
+    "tools/gpu/load_pattern.cu",
+    "tools/gpu/wgmma_lab.cu",
+]
 
 
 @pytest.fixture(scope="module")
