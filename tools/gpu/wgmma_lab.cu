@@ -56,6 +56,11 @@ constexpr int kPassCodes =
     128;  // a stage: a quad of lanes' 64 bytes of a W row
 constexpr int kSteps = kPassCodes / 16;  // wgmma k16 steps per stage
 constexpr int kWRowBytes = kPassCodes / 2;
+// wgmma steps in flight, each with its A fragments in registers: 2 is what
+// the README's timings ran; 4 and 8 compile without ptxas serializing the
+// wgmmas (not yet run).
+constexpr int kInFlight = 2;
+static_assert(kSteps % kInFlight == 0);
 
 __host__ __device__ constexpr int natural_code(int step, int k) {
   return 32 * (k % 8 / 2) + 8 * (step / 2) + 2 * (step % 2) + k / 8 +
@@ -474,9 +479,9 @@ __global__ void __launch_bounds__(C::threads, 1) wg_qmm(
   // Set by the first wgmma (scale-d 0): defining them with other
   // instructions would make ptxas serialize the wgmmas (C7515).
   float acc[C::tiles][C::acc];
-  // The A fragments of two steps: one being read by the wgmma in flight,
-  // one being decoded.
-  uint32_t a[2][C::tiles][4];
+  // The A fragments of kInFlight steps: those of the wgmmas in flight and
+  // the one being decoded.
+  uint32_t a[kInFlight][C::tiles][4];
   // This lane's W rows in the block: tile i, half h.
   auto w_row = [&](int i, int h) {
     return (warpgroup * C::tiles + i) * 64 + warp * 16 + h * 8 + g;
@@ -528,7 +533,7 @@ __global__ void __launch_bounds__(C::threads, 1) wg_qmm(
         C::x_group_bytes);
 #pragma unroll
     for (int j = 0; j < kSteps; ++j) {
-      uint32_t(&aj)[C::tiles][4] = a[j % 2];
+      uint32_t(&aj)[C::tiles][4] = a[j % kInFlight];
       auto decode = [&](auto two_constant) {
         constexpr bool two_steps = decltype(two_constant)::value;
 #pragma unroll
@@ -577,21 +582,22 @@ __global__ void __launch_bounds__(C::threads, 1) wg_qmm(
         fence_registers(acc[i]);
       }
       wgmma_commit();
-      // Step j - 1 is done: its A registers (decoded next) are free.
-      // The last step waits for every wgmma: ptxas moved the epilogue's
-      // reads of the accumulators above a wait that followed the loop.
+      // Step j + 1 - kInFlight is done: its A registers (decoded next)
+      // are free. The last step waits for every wgmma: ptxas moved the
+      // epilogue's reads of the accumulators above a wait that followed the
+      // loop.
       if (s == stage_count - 1 && j == kSteps - 1) {
         wgmma_wait<0>();
       } else {
-        wgmma_wait<1>();
+        wgmma_wait<kInFlight - 1>();
       }
-      // Step j - 1's A registers stay allocated until the wait that retires
+      // That step's A registers stay allocated until the wait that retires
       // its wgmma: the compiler cannot know that the wgmma reads them late.
 #pragma unroll
       for (int i = 0; i < C::tiles; ++i) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          asm volatile("" : "+r"(a[(j + 1) % 2][i][r])::"memory");
+          asm volatile("" : "+r"(a[(j + 1) % kInFlight][i][r])::"memory");
         }
       }
     }
