@@ -21,9 +21,9 @@
 // step j = 2 w + s (w: word of the lane's 16 bytes, s: step of the word)
 // takes the 16 codes k = 0..15 of the mma, where the A fragment of lane
 // (g, t) holds k = 2t, 2t + 1 (registers a0, a1: rows g, g + 8) and
-// 2t + 8, 2t + 9 (a2, a3). Lane t
-// decodes its word w, pair p = 2s + q (q = k / 8) as codes p (low half,
-// k even) and p + 4 (high half, k odd), natural codes 32t + 8w + p (+ 4).
+// 2t + 8, 2t + 9 (a2, a3). Lane t decodes its word w, pair p = 2s + q
+// (q = k / 8) as codes p (low half, k even) and p + 4 (high half, k odd),
+// natural codes 32t + 8w + p (+ 4).
 // So permuted position 16 j + k holds natural code
 //   natural_code(j, k) = 32 (k % 8 / 2) + 8 (j / 2) + 2 (j % 2) + k / 8
 //                        + 4 (k % 2).
@@ -52,9 +52,9 @@ using namespace fpqmm::cuda;
 using fpqmm::kScaleE8M0;
 using bf16 = __nv_bfloat16;
 
-constexpr int kPassCodes =
-    128;  // a stage: a quad of lanes' 64 bytes of a W row
-constexpr int kSteps = kPassCodes / 16;  // wgmma k16 steps per stage
+// A stage: a quad of lanes' 64 bytes of a W row, in wgmma k16 steps.
+constexpr int kPassCodes = 128;
+constexpr int kSteps = kPassCodes / 16;
 constexpr int kWRowBytes = kPassCodes / 2;
 // wgmma steps in flight, each with its A fragments in registers: 2 is what
 // the README's timings ran; 4 and 8 compile without ptxas serializing the
@@ -397,8 +397,7 @@ struct Config {
   // padded by 16 bytes against bank conflicts.
   static constexpr int out_pitch = bm * 2 + 16;
   static constexpr int out_bytes = bn * out_pitch;
-  static constexpr int shared_bytes =
-      stages * stage_bytes > out_bytes ? stages* stage_bytes : out_bytes;
+  static constexpr int shared_bytes = std::max(stages * stage_bytes, out_bytes);
   static constexpr int acc = bn / 2;  // accumulators per thread and tile
   static_assert(ahead >= 1);
   static_assert(shared_bytes <= 227 * 1024);
@@ -424,7 +423,7 @@ __global__ void __launch_bounds__(C::threads, 1) wg_qmm(
     bool decode_w) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // wgmma is sm_90a's: other targets (the CUDA build test compiles them all)
-  // get a kernel that is never launched (main checks the GPU).
+  // get a kernel that traps: the lab runs only from an sm_90a build.
   __trap();
 #else
   extern __shared__ __align__(128) uint8_t shared[];
@@ -497,9 +496,9 @@ __global__ void __launch_bounds__(C::threads, 1) wg_qmm(
   for (int s = 0; s < stage_count; ++s) {
     wait_async<C::ahead - 1>();
     fence_proxy_async();
-    // Stage s has landed for every thread, and every warpgroup is past the
-    // first step of stage s - 1, hence done with stage s - 2 (wait<1>),
-    // whose slot the next copies fill.
+    // Stage s has landed for every thread, and every warpgroup has at most
+    // kInFlight - 1 (< kSteps) steps of stage s - 1 in flight, hence is done
+    // with stage s - 2, whose slot the next copies fill.
     __syncthreads();
     if (s + C::ahead < stage_count) {
       issue(s + C::ahead);
@@ -602,6 +601,9 @@ __global__ void __launch_bounds__(C::threads, 1) wg_qmm(
       }
     }
   }
+  // (Already done by the loop's last step. Without this wait ptxas injects
+  // one of its own for the epilogue's reads, C7517, and schedules the loop
+  // differently from the code that was timed.)
   wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < C::tiles; ++i) {
@@ -782,8 +784,9 @@ void launch_qmm(
     int N,
     int K,
     bool decode_w) {
-  if (K % kPassCodes != 0 || N % 8 != 0) {
-    std::fprintf(stderr, "wg_qmm: K must be a multiple of 128, N of 8\n");
+  if (K <= 0 || K % kPassCodes != 0 || N % 8 != 0) {
+    std::fprintf(
+        stderr, "wg_qmm: K must be a positive multiple of 128, N of 8\n");
     std::exit(2);
   }
   static bool configured = false;

@@ -105,16 +105,28 @@ bool recording_graphs() {
   return graphs;
 }
 
-// MLX keys its cached executable graphs by the kinds of their nodes ("K" for
-// any kernel) and updates a cached one in place for the next graph of the
-// same kinds (cudaGraphExecUpdate). Updates that put another of our kernels
-// in a node gave wrong outputs (among the kernels is fp_qmv_cluster, whose
-// cluster shape is its own; MLX's subgraph_to_key says updates do not carry
-// cluster shapes over). So each kernel node is followed by an empty child
-// graph whose key names the kernel: graphs then share a key, and are
-// updated into each other, only where the same kernels sit in the same
-// places. (The kernel itself as a child graph does the same, at 3-5 us more
-// host time a product than this.)
+// MLX keys its cached executable graphs by the kinds of their nodes ("K"
+// for any kernel, whichever it is) and updates a cached one in place for the
+// next graph of the same key (cudaGraphExecUpdate), which gave wrong outputs
+// where it swapped one of our kernels for another (README, "Graph
+// updates"). So each of our kernel nodes is followed by an empty child graph
+// whose key names the kernel. It must follow the node: added before, it
+// would take the kernel's inputs and outputs in MLX's dependency tracking.
+void add_kernel_key(mx::cu::CommandEncoder& encoder, const void* kernel) {
+  // One empty graph, never destroyed; the encoder adds a copy of it, and a
+  // graph is not safe to read from two threads at once.
+  static std::mutex mutex;
+  static const cudaGraph_t empty = [] {
+    cudaGraph_t graph;
+    check(cudaGraphCreate(&graph, 0), "cudaGraphCreate");
+    return graph;
+  }();
+  const std::string key =
+      "(F" + std::to_string(reinterpret_cast<uintptr_t>(kernel)) + ")";
+  std::lock_guard lock(mutex);
+  encoder.add_graph_node(empty, key, true);
+}
+
 template <typename Args>
 void add_launch(
     mx::cu::CommandEncoder& encoder,
@@ -131,16 +143,7 @@ void add_launch(
       static_cast<uint32_t>(launch.shared_bytes),
       args);
   if (recording_graphs()) {
-    // Never destroyed: the encoder adds a copy of it each time.
-    static const cudaGraph_t empty = [] {
-      cudaGraph_t graph;
-      check(cudaGraphCreate(&graph, 0), "cudaGraphCreate");
-      return graph;
-    }();
-    encoder.add_graph_node(
-        empty,
-        "(F" + std::to_string(reinterpret_cast<uintptr_t>(kernel)) + ")",
-        true);
+    add_kernel_key(encoder, kernel);
   }
 }
 
