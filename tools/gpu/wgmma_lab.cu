@@ -107,14 +107,10 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-template <int n>
-struct Wgmma;
-
-// (Operand lists written out: inline asm takes literal strings.)
 // d (64 x 128, float32) = a (64 x 16 bfloat16, registers) * b (16 x 128,
-// K-major in shared memory at descriptor `b`) + (accumulate ? d : 0).
-template <>
-struct Wgmma<128> {
+// K-major in shared memory at descriptor `b`) + (accumulate ? d : 0). One
+// shape only: inline asm takes its operand lists as literal strings.
+struct Wgmma {
   __device__ __forceinline__ static void mma(
       float (&d)[64], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
     asm volatile(
@@ -204,183 +200,18 @@ struct Wgmma<128> {
   }
 };
 
-// d (64 x 256, float32) = a (64 x 16 bfloat16, registers) * b (16 x 256,
-// K-major in shared memory at descriptor `b`) + (accumulate ? d : 0).
-template <>
-struct Wgmma<256> {
-  __device__ __forceinline__ static void mma(
-      float (&d)[128], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7,"
-        "%8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23,"
-        "%24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39,"
-        "%40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55,"
-        "%56, %57, %58, %59, %60, %61, %62, %63,"
-        "%64, %65, %66, %67, %68, %69, %70, %71,"
-        "%72, %73, %74, %75, %76, %77, %78, %79,"
-        "%80, %81, %82, %83, %84, %85, %86, %87,"
-        "%88, %89, %90, %91, %92, %93, %94, %95,"
-        "%96, %97, %98, %99, %100, %101, %102, %103,"
-        "%104, %105, %106, %107, %108, %109, %110, %111,"
-        "%112, %113, %114, %115, %116, %117, %118, %119,"
-        "%120, %121, %122, %123, %124, %125, %126, %127"
-        "}, "
-        "{%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]),
-          "+f"(d[1]),
-          "+f"(d[2]),
-          "+f"(d[3]),
-          "+f"(d[4]),
-          "+f"(d[5]),
-          "+f"(d[6]),
-          "+f"(d[7]),
-          "+f"(d[8]),
-          "+f"(d[9]),
-          "+f"(d[10]),
-          "+f"(d[11]),
-          "+f"(d[12]),
-          "+f"(d[13]),
-          "+f"(d[14]),
-          "+f"(d[15]),
-          "+f"(d[16]),
-          "+f"(d[17]),
-          "+f"(d[18]),
-          "+f"(d[19]),
-          "+f"(d[20]),
-          "+f"(d[21]),
-          "+f"(d[22]),
-          "+f"(d[23]),
-          "+f"(d[24]),
-          "+f"(d[25]),
-          "+f"(d[26]),
-          "+f"(d[27]),
-          "+f"(d[28]),
-          "+f"(d[29]),
-          "+f"(d[30]),
-          "+f"(d[31]),
-          "+f"(d[32]),
-          "+f"(d[33]),
-          "+f"(d[34]),
-          "+f"(d[35]),
-          "+f"(d[36]),
-          "+f"(d[37]),
-          "+f"(d[38]),
-          "+f"(d[39]),
-          "+f"(d[40]),
-          "+f"(d[41]),
-          "+f"(d[42]),
-          "+f"(d[43]),
-          "+f"(d[44]),
-          "+f"(d[45]),
-          "+f"(d[46]),
-          "+f"(d[47]),
-          "+f"(d[48]),
-          "+f"(d[49]),
-          "+f"(d[50]),
-          "+f"(d[51]),
-          "+f"(d[52]),
-          "+f"(d[53]),
-          "+f"(d[54]),
-          "+f"(d[55]),
-          "+f"(d[56]),
-          "+f"(d[57]),
-          "+f"(d[58]),
-          "+f"(d[59]),
-          "+f"(d[60]),
-          "+f"(d[61]),
-          "+f"(d[62]),
-          "+f"(d[63]),
-          "+f"(d[64]),
-          "+f"(d[65]),
-          "+f"(d[66]),
-          "+f"(d[67]),
-          "+f"(d[68]),
-          "+f"(d[69]),
-          "+f"(d[70]),
-          "+f"(d[71]),
-          "+f"(d[72]),
-          "+f"(d[73]),
-          "+f"(d[74]),
-          "+f"(d[75]),
-          "+f"(d[76]),
-          "+f"(d[77]),
-          "+f"(d[78]),
-          "+f"(d[79]),
-          "+f"(d[80]),
-          "+f"(d[81]),
-          "+f"(d[82]),
-          "+f"(d[83]),
-          "+f"(d[84]),
-          "+f"(d[85]),
-          "+f"(d[86]),
-          "+f"(d[87]),
-          "+f"(d[88]),
-          "+f"(d[89]),
-          "+f"(d[90]),
-          "+f"(d[91]),
-          "+f"(d[92]),
-          "+f"(d[93]),
-          "+f"(d[94]),
-          "+f"(d[95]),
-          "+f"(d[96]),
-          "+f"(d[97]),
-          "+f"(d[98]),
-          "+f"(d[99]),
-          "+f"(d[100]),
-          "+f"(d[101]),
-          "+f"(d[102]),
-          "+f"(d[103]),
-          "+f"(d[104]),
-          "+f"(d[105]),
-          "+f"(d[106]),
-          "+f"(d[107]),
-          "+f"(d[108]),
-          "+f"(d[109]),
-          "+f"(d[110]),
-          "+f"(d[111]),
-          "+f"(d[112]),
-          "+f"(d[113]),
-          "+f"(d[114]),
-          "+f"(d[115]),
-          "+f"(d[116]),
-          "+f"(d[117]),
-          "+f"(d[118]),
-          "+f"(d[119]),
-          "+f"(d[120]),
-          "+f"(d[121]),
-          "+f"(d[122]),
-          "+f"(d[123]),
-          "+f"(d[124]),
-          "+f"(d[125]),
-          "+f"(d[126]),
-          "+f"(d[127])
-        : "r"(a[0]),
-          "r"(a[1]),
-          "r"(a[2]),
-          "r"(a[3]),
-          "l"(b),
-          "r"(int(accumulate)));
-  }
-};
-
 // ---------------------------------------------------------------------------
 // The kernel.
 
 // A block: `warpgroups` warpgroups, each owning `tiles` tiles of 64 W rows
-// (rows = 64 * warpgroups * tiles), times `bn` rows of x; `stages` slots of
-// shared memory, loads kept `stages - 2` stages ahead (one slot of slack:
-// the last wgmma of the previous stage may still read its slot).
-template <int warpgroups_, int tiles_, int bn_, int stages_>
+// (rows = 64 * warpgroups * tiles), times bn = 128 rows of x (Wgmma's N);
+// `stages` slots of shared memory, loads kept `stages - 2` stages ahead (one
+// slot of slack: the last wgmma of the previous stage may still read its slot).
+template <int warpgroups_, int tiles_, int stages_>
 struct Config {
   static constexpr int warpgroups = warpgroups_;
   static constexpr int tiles = tiles_;
-  static constexpr int bn = bn_;
+  static constexpr int bn = 128;
   static constexpr int stages = stages_;
   static constexpr int ahead = stages - 2;
   static constexpr int threads = 128 * warpgroups;
@@ -401,7 +232,6 @@ struct Config {
   static constexpr int acc = bn / 2;  // accumulators per thread and tile
   static_assert(ahead >= 1);
   static_assert(shared_bytes <= 227 * 1024);
-  static_assert(bn % 64 == 0 && bn <= 256);
   static_assert(bm <= threads);  // a thread copies a row's scale word
 };
 
@@ -576,7 +406,7 @@ __global__ void __launch_bounds__(C::threads, 1) wg_qmm(
 #pragma unroll
       for (int i = 0; i < C::tiles; ++i) {
         fence_registers(acc[i]);
-        Wgmma<C::bn>::mma(
+        Wgmma::mma(
             acc[i], aj[i], descriptor + uint64_t(16 * j), s > 0 || j > 0);
         fence_registers(acc[i]);
       }
@@ -807,9 +637,8 @@ void launch_permute(const bf16* x, bf16* xp, int M, int K) {
   permute_x<<<unsigned((chunks + 15) / 16), 256>>>(x, xp, chunks);
 }
 
-using Cfg128x128 = Config<2, 1, 128, 5>;  // 128 W rows x 128 x rows
-using Cfg256x128 = Config<2, 2, 128, 4>;  // 256 W rows x 128 x rows
-using Cfg128x256 = Config<2, 1, 256, 3>;  // 128 W rows x 256 x rows
+using Cfg128x128 = Config<2, 1, 5>;  // 128 W rows x 128 x rows
+using Cfg256x128 = Config<2, 2, 4>;  // 256 W rows x 128 x rows
 
 struct Kernel {
   const char* name;
@@ -819,7 +648,6 @@ struct Kernel {
 const Kernel kKernels[] = {
     {"wg 128x128 s5", launch_qmm<Cfg128x128>},
     {"wg 256x128 s4", launch_qmm<Cfg256x128>},
-    {"wg 128x256 s3", launch_qmm<Cfg128x256>},
 };
 
 // ---- --test
