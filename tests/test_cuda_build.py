@@ -107,7 +107,6 @@ def compile_sources(root: Path, sources: list[str], out: Path):
 HARNESSES = [
     "csrc/backend/cuda/testing/harness.cu",
     "tools/gpu/load_pattern.cu",
-    "tools/gpu/wgmma_lab.cu",
 ]
 
 

@@ -17,11 +17,11 @@ pytestmark = pytest.mark.skipif(
 N, K = 4096, 4096
 
 
-def path(x_shape, kernel=None, w_batch=(), dtype=mx.float32, **kwargs):
+def path(x_shape, kernel=None, w_batch=(), dtype=mx.float32, device="sm_90", **kwargs):
     w = mx.zeros((*w_batch, N, K // 8), mx.uint32)
     scales = mx.zeros((*w_batch, N, K // 32), mx.uint8)
     return mlx_fpqmm.kernel_path(
-        mx.zeros(x_shape, dtype), w, scales, mode="mxfp4", device="sm_90", kernel=kernel, **kwargs
+        mx.zeros(x_shape, dtype), w, scales, mode="mxfp4", device=device, kernel=kernel, **kwargs
     )
 
 
@@ -59,15 +59,50 @@ def test_rows_choose_the_path(x_shape, expected):
         (129, "dequantize_matmul", "fpqmm_dequantize_e2m1_e8m0_bfloat16"),
     ],
 )
-def test_bfloat16_rows_take_block_tiles(M, expected, kernel):
-    """bfloat16 (and float16) x above the decode rows: fp_qmm's block tiles of 32
-    or 64 rows of x up to 128 rows, dequantize + matmul past them."""
-    plan = path((M, K), dtype=mx.bfloat16)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "f16"])
+def test_rows_take_block_tiles_before_hopper(M, expected, kernel, dtype):
+    """bfloat16 and float16 x above the decode rows on sm_80 (and float16 x on
+    sm_90): fp_qmm's block tiles of 32 or 64 rows of x up to 128 rows,
+    dequantize + matmul past them."""
+    plan = path((M, K), dtype=dtype, device="sm_80" if dtype == mx.bfloat16 else "sm_90")
+    name = "float16" if dtype == mx.float16 else "bfloat16"
     assert plan["path"] == expected, plan["note"]
-    assert plan["kernel"] == kernel
+    assert plan["kernel"] == kernel.replace("bfloat16", name)
     if expected == "tiled":
         assert plan["block"] == (128, 1, 1)
         assert plan["grid"][0] == N // 128
+
+
+@pytest.mark.parametrize(
+    "M, expected, kernel",
+    [
+        (48, "tiled", "fpqmm_qmm_e2m1_e8m0_bfloat16_x32"),
+        (49, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w128"),
+        (512, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w128"),
+        (513, "dequantize_matmul", "fpqmm_dequantize_e2m1_e8m0_bfloat16"),
+    ],
+)
+def test_hopper_rows_take_wgmma(M, expected, kernel):
+    """bfloat16 x on sm_90: Hopper's warpgroup MMA past 48 rows up to 512, after a
+    launch that lays x out in its tiles; dequantize + matmul past them."""
+    plan = path((M, K), dtype=mx.bfloat16)
+    assert plan["path"] == expected, plan["note"]
+    assert plan["kernel"] == kernel
+    if expected == "wgmma":
+        assert plan["block"] == (256, 1, 1)
+        assert plan["x_tiles"]["kernel"] == "fpqmm_wgmma_tile_x_e2m1"
+        assert plan["x_tiles_bytes"] == -(-M // 128) * 128 * K * 2
+    else:
+        assert plan.get("x_tiles") is None
+
+
+def test_wgmma_request():
+    assert path((4096, K), kernel="wgmma", dtype=mx.bfloat16)["path"] == "wgmma"
+    plan = path((256, K), kernel="wgmma", dtype=mx.float16)
+    assert plan["path"] == "tiled"
+    assert "wgmma requested, not taken: float16 x" in plan["note"]
+    plan = path((256, K), kernel="wgmma", dtype=mx.bfloat16, device="sm_80")
+    assert "wgmma requested, not taken: not sm_90" in plan["note"]
 
 
 def test_tiled_request():

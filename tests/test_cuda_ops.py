@@ -167,14 +167,36 @@ def test_model_shapes(mode, shape, M):
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
-@pytest.mark.parametrize("kernel", ["simple", "tiled", "dequantize", "auto"])
+@pytest.mark.parametrize("kernel", ["simple", "tiled", "wgmma", "dequantize", "auto"])
 def test_many_rows_each_path(mode, kernel, monkeypatch):
-    """Past the decode rows: the simple kernels, fp_qmm's block tiles and
-    dequantize + matmul, forced and as the plan picks them, batched x."""
+    """Past the decode rows: the simple kernels, fp_qmm's block tiles, Hopper's
+    warpgroup MMA (where the GPU is sm_90) and dequantize + matmul, forced and as
+    the plan picks them, batched x."""
     monkeypatch.setenv("MLX_FPQMM_KERNEL", kernel)
     N, K = 136, 12 * DEFAULT_GROUP_SIZE[mode]
     w_q, scales = quantized(mode, N, K)
     x = mx.random.normal((3, 100, K)).astype(mx.bfloat16)
+    check(mode, x, w_q, scales)
+
+
+def on_hopper():
+    x, w_q, scales = mx.zeros((256, 512), mx.bfloat16), *quantized("mxfp4", 256, 512)
+    return mlx_fpqmm.kernel_path(x, w_q, scales, device="cuda")["device"] == "sm_90"
+
+
+# fp_qmm_wgmma: x rows past M in the last tile of 128, W rows past N in the last
+# block, K split over a small grid, blocks of 256 W rows over a large one.
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("shape", [(200, 136, 512), (128, 256, 8192), (512, 4352, 256)], ids=str)
+def test_wgmma(mode, shape, monkeypatch):
+    """Hopper's warpgroup MMA, forced, against the reference and the CPU path."""
+    if not on_hopper():
+        pytest.skip("fp_qmm_wgmma runs on sm_90 (Hopper) only")
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", "wgmma")
+    M, N, K = shape
+    w_q, scales = quantized(mode, N, K)
+    x = mx.random.normal((M, K)).astype(mx.bfloat16)
+    assert mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")["path"] == "wgmma"
     check(mode, x, w_q, scales)
 
 

@@ -47,7 +47,15 @@ std::optional<mx::array> dequantized_product(
     problem.scale_type = float_type(scales.dtype());
   }
   if (!builds_dequantize(stream, [&](cuda::KernelRequest request) {
-        return cuda::dequantize_then_matmul(problem, request);
+        // The device only past the decode range (a decoding model calls
+        // this for every product).
+        if (request != cuda::KernelRequest::dequantize &&
+            problem.M <= cuda::kSimpleRows) {
+          return false;
+        }
+        const auto device = cuda::running_device();
+        return device &&
+               cuda::dequantize_then_matmul(problem, *device, request);
       })) {
     return std::nullopt;
   }

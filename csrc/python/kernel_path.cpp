@@ -253,6 +253,7 @@ nb::dict launch_dict(const cuda::Launch& launch) {
 std::string dequantize_note(
     const QmmProblem& problem,
     const std::optional<cuda::GatherRows>& gather,
+    const cuda::CudaDevice& device,
     cuda::KernelRequest request) {
   const std::string then =
       gather ? "every expert dequantized in x's type, then MLX's gather_mm"
@@ -268,7 +269,8 @@ std::string dequantize_note(
            "): " + then;
   }
   return "M=" + std::to_string(problem.M) + " is above " +
-         std::to_string(cuda::primitive_rows(problem)) + " rows: " + then;
+         std::to_string(cuda::primitive_rows(problem, device)) +
+         " rows: " + then;
 }
 
 // Whether the op builds dequantize + matmul (ops/qmm.cpp) or, for a gather
@@ -276,6 +278,7 @@ std::string dequantize_note(
 bool op_dequantizes(
     const QmmProblem& problem,
     const std::optional<cuda::GatherRows>& gather,
+    const cuda::CudaDevice& device,
     cuda::KernelRequest request) {
   const bool empty = problem.M == 0 || problem.N == 0 || problem.K == 0 ||
                      problem.batch_count() == 0 ||
@@ -284,7 +287,7 @@ bool op_dequantizes(
     return false;
   }
   return gather ? cuda::gather_dequantize_then_matmul(*gather, request)
-                : cuda::dequantize_then_matmul(problem, request);
+                : cuda::dequantize_then_matmul(problem, device, request);
 }
 
 nb::dict cuda_plan_dict(
@@ -307,11 +310,12 @@ nb::dict cuda_plan_dict(
   result["device"] =
       "sm_" + std::to_string(device.major) + std::to_string(device.minor);
   result["sm_count"] = device.sm_count;
-  if (op_dequantizes(problem, gather_without_lhs, request)) {
+  if (op_dequantizes(problem, gather_without_lhs, device, request)) {
     result["path"] =
         std::string(cuda::path_name(cuda::KernelPath::dequantize_matmul));
     result["requested"] = std::string(cuda::request_name(request));
-    result["note"] = dequantize_note(problem, gather_without_lhs, request);
+    result["note"] =
+        dequantize_note(problem, gather_without_lhs, device, request);
     // FpDequantize's launch over every matrix of W (every expert).
     int64_t w_matrices = problem.gather ? problem.w_matrices : 1;
     for (size_t axis = 0; !problem.gather && axis < problem.batch_shape.size();
@@ -352,6 +356,9 @@ nb::dict cuda_plan_dict(
   result["grouping"] =
       plan.grouping ? nb::object(launch_dict(*plan.grouping)) : nb::none();
   result["grouping_bytes"] = plan.grouping_bytes;
+  result["x_tiles"] =
+      plan.x_tiles ? nb::object(launch_dict(*plan.x_tiles)) : nb::none();
+  result["x_tiles_bytes"] = plan.x_tiles_bytes;
   result["batch_count"] = plan.batch_count;
   return result;
 }
@@ -596,8 +603,10 @@ void register_metal_bindings(nb::module_& m) {
             ``partials_bytes``, ``reduction`` (the split-K sum launch, or
             ``None``), ``grouping`` and ``grouping_bytes`` (path
             ``"grouped"``: the launch that groups the pairs by expert
-            before the main kernel, and its scratch; else ``None`` and 0)
-            and ``batch_count``; for path ``"dequantize_matmul"``
+            before the main kernel, and its scratch; else ``None`` and 0),
+            ``x_tiles`` and ``x_tiles_bytes`` (path ``"wgmma"``: the launch
+            that lays x out in the kernel's tiles first, and their bytes;
+            else ``None`` and 0) and ``batch_count``; for path ``"dequantize_matmul"``
             (many rows of x: W dequantized in x's type by ``kernel``, then
             MLX's matmul) ``path``, ``requested``, ``note``, ``kernel``,
             ``output_shape``, and of the CUDA keys only ``device``,

@@ -35,7 +35,7 @@ std::string_view encoding_name(ScaleEncoding encoding) {
 }
 
 std::string kernel_name(const KernelKey& key) {
-  constexpr std::array<std::string_view, 8> families = {
+  constexpr std::array<std::string_view, 9> families = {
       "qmv",
       "qmv_staged",
       "qvm",
@@ -43,7 +43,8 @@ std::string kernel_name(const KernelKey& key) {
       "dequantize",
       "qmv_grouped",
       "qmm",
-      "qmm_grouped"};
+      "qmm_grouped",
+      "qmm_wgmma"};
   std::string name = "fpqmm_" +
                      std::string(families[static_cast<size_t>(key.family)]) +
                      "_" + std::string(codes_name(key.bits)) + "_" +
@@ -51,6 +52,9 @@ std::string kernel_name(const KernelKey& key) {
                      std::string(type_name(key.x_type));
   if (key.x_blocks > 0) {
     name += "_x" + std::to_string(key.x_blocks * fc::kXBlockRows);
+  }
+  if (key.w_tiles > 0) {
+    name += "_w" + std::to_string(fc::wgmma_rows_per_block(key.w_tiles));
   }
   return name;
 }
@@ -313,6 +317,20 @@ bool grouped_by_default(int64_t pairs, const std::string& why_not) {
   return pairs >= kGroupedMinPairs && why_not.empty();
 }
 
+// fp_qmm_wgmma's tiles of 64 W rows per warpgroup: two (256 rows a block)
+// where those blocks would half fill the GPU, else one (and split K where
+// even those would not). Measured on the H200 (README, "wgmma"), 256 / 128
+// rows: 14336 x 4096, M = 128 (56 blocks of 256) 65.5 / 39.7 us, M = 256
+// (112) 66.3 / 78.2; 4096 x 4096, M = 512 (64) 65.5 / 39.6, M = 1024 (128)
+// 65.8 / 77.2.
+int wgmma_tiles(const QmmProblem& p, const CudaDevice& device) {
+  const int64_t wide_blocks = ceil_div(p.N, fc::wgmma_rows_per_block(2)) *
+                              ceil_div(p.M, fc::kWgmmaXRows);
+  return 2 * wide_blocks >= device.sm_count ? 2 : 1;
+}
+// A split of K takes at least this many stages.
+constexpr int kWgmmaMinSplitStages = 8;
+
 }  // namespace
 
 std::string tiled_reason(const QmmProblem& p) {
@@ -334,21 +352,56 @@ bool grouped_gather(const QmmProblem& problem) {
       pairs, grouped_reason(problem, format_for(problem.mode), pairs));
 }
 
+std::string wgmma_reason(const QmmProblem& p, const CudaDevice& device) {
+  if (device.major != 9) {
+    return "not sm_90 (wgmma is Hopper's)";
+  }
+  if (p.gather) {
+    return "a gather";
+  }
+  if (p.batch_count() != 1) {
+    return "more than one matrix of W or x";
+  }
+  if (p.x_type != FloatType::bfloat16) {
+    return std::string(type_name(p.x_type)) + " x";
+  }
+  const int stage = fc::wgmma_stage_codes(format_for(p.mode).bits);
+  if (p.K % stage != 0) {
+    return "K=" + std::to_string(p.K) + " is not a multiple of " +
+           std::to_string(stage);
+  }
+  if (p.N % 8 != 0) {
+    return "N=" + std::to_string(p.N) + " is not a multiple of 8";
+  }
+  // x laid out in tiles: an array of 32-bit words, 2^31 at most.
+  if (ceil_div(p.M, fc::kWgmmaXRows) * fc::kWgmmaXRows * int64_t(p.K) >=
+      int64_t(1) << 32) {
+    return "x is too large for its tiles";
+  }
+  return tiled_reason(p);
+}
+
 std::string_view path_name(KernelPath path) {
-  constexpr std::array<std::string_view, 6> names = {
-      "qmv", "qvm", "simple", "dequantize_matmul", "grouped", "tiled"};
+  constexpr std::array<std::string_view, 7> names = {
+      "qmv", "qvm", "simple", "dequantize_matmul", "grouped", "tiled", "wgmma"};
   return names[static_cast<size_t>(path)];
 }
 
-int primitive_rows(const QmmProblem& problem) {
-  return tiled_reason(problem).empty() ? kTiledRows : kSimpleRows;
+int primitive_rows(const QmmProblem& problem, const CudaDevice& device) {
+  return wgmma_reason(problem, device).empty() ? kWgmmaMaxRows
+         : tiled_reason(problem).empty()       ? kTiledRows
+                                               : kSimpleRows;
 }
 
-bool dequantize_then_matmul(const QmmProblem& problem, KernelRequest request) {
+bool dequantize_then_matmul(
+    const QmmProblem& problem,
+    const CudaDevice& device,
+    KernelRequest request) {
   return request == KernelRequest::dequantize ||
          ((request == KernelRequest::automatic ||
            request == KernelRequest::grouped) &&
-          problem.M > kSimpleRows && problem.M > primitive_rows(problem));
+          problem.M > kSimpleRows &&
+          problem.M > primitive_rows(problem, device));
 }
 
 GatherRows gather_rows(const QmmProblem& p, bool sorted_pairs) {
@@ -396,14 +449,15 @@ int64_t gather_rows_per_expert(const GatherRows& gather) {
 
 namespace {
 
-constexpr RequestNames<KernelRequest, 7> kRequestNames = {
+constexpr RequestNames<KernelRequest, 8> kRequestNames = {
     {{"auto", KernelRequest::automatic},
      {"qmv", KernelRequest::decode},
      {"simple", KernelRequest::simple},
      {"qmv_staged", KernelRequest::staged},
      {"dequantize", KernelRequest::dequantize},
      {"grouped", KernelRequest::grouped},
-     {"tiled", KernelRequest::tiled}}};
+     {"tiled", KernelRequest::tiled},
+     {"wgmma", KernelRequest::wgmma}}};
 
 }  // namespace
 
@@ -486,6 +540,7 @@ KernelPlan plan(
   const std::string why_not_grouped =
       grouped_reason(p, format, plan.batch_count);
   const std::string why_not_tiled = tiled_reason(p);
+  const std::string why_not_wgmma = wgmma_reason(p, device);
   const bool grouped_requested = request == KernelRequest::grouped ||
                                  (request == KernelRequest::tiled && p.gather);
   if (grouped_requested
@@ -522,15 +577,27 @@ KernelPlan plan(
         break;
       }
       [[fallthrough]];
+    case KernelRequest::wgmma:
+      if (request == KernelRequest::wgmma && why_not_wgmma.empty()) {
+        plan.path = KernelPath::wgmma;
+        plan.note = "wgmma requested";
+        break;
+      }
+      [[fallthrough]];
     case KernelRequest::automatic:
     case KernelRequest::dequantize:
     case KernelRequest::grouped:
       plan.path = decode_rows ? p.transpose ? KernelPath::qmv : KernelPath::qvm
+                  : why_not_wgmma.empty() && p.M > kWgmmaMinRows
+                      ? KernelPath::wgmma
                   : why_not_tiled.empty() ? KernelPath::tiled
                                           : KernelPath::simple;
       plan.note =
           decode_rows ? rows + " is in the decode range (at most " +
                             std::to_string(kDecodeRows) + ")"
+          : plan.path == KernelPath::wgmma
+              ? rows + " is above " + std::to_string(kWgmmaMinRows) +
+                    " rows: Hopper's warpgroup MMA"
           : why_not_tiled.empty()
               ? rows + " is above the decode range: block tiles of W and x " +
                     "in shared memory"
@@ -544,7 +611,11 @@ KernelPlan plan(
         plan.note =
             "tiled requested, not taken: " + why_not_tiled + "; " + plan.note;
       }
-      if (!p.gather && dequantize_then_matmul(p, request)) {
+      if (request == KernelRequest::wgmma) {
+        plan.note =
+            "wgmma requested, not taken: " + why_not_wgmma + "; " + plan.note;
+      }
+      if (!p.gather && dequantize_then_matmul(p, device, request)) {
         plan.note +=
             " (the op multiplies by dequantize + matmul here; this "
             "primitive was made elsewhere)";
@@ -557,7 +628,9 @@ KernelPlan plan(
                            ? 1
                            : fc::kMaxXBlocks;
   KernelFamily family = KernelFamily::qvm;
-  if (plan.path == KernelPath::tiled) {
+  if (plan.path == KernelPath::wgmma) {
+    family = KernelFamily::qmm_wgmma;
+  } else if (plan.path == KernelPath::tiled) {
     family = KernelFamily::qmm;
   } else if (p.transpose) {
     const std::string staged_why = request == KernelRequest::staged
@@ -575,7 +648,12 @@ KernelPlan plan(
       format.bits,
       scale_encoding(p.mode, p.scale_type),
       p.x_type,
-      family == KernelFamily::qmm || transposed_decode ? x_blocks : 0};
+      family == KernelFamily::qmm_wgmma ? fc::kWgmmaXRows / fc::kXBlockRows
+      : family == KernelFamily::qmm || transposed_decode ? x_blocks
+                                                         : 0};
+  if (family == KernelFamily::qmm_wgmma) {
+    plan.key.w_tiles = wgmma_tiles(p, device);
+  }
   plan.main.kernel = kernel_name(plan.key);
 
   int64_t column_blocks;
@@ -596,6 +674,22 @@ KernelPlan plan(
       plan.main.block = {fc::kStagedWarps * fc::kWarpSize, 1, 1};
       plan.main.shared_bytes = fc::staged_shared_bytes(
           format.bits, scale_itemsize(plan.key.encoding));
+      break;
+    case KernelFamily::qmm_wgmma:
+      column_blocks = ceil_div(p.N, fc::wgmma_rows_per_block(plan.key.w_tiles));
+      m_blocks = ceil_div(p.M, fc::kWgmmaXRows);
+      plan.main.block = {fc::kWgmmaThreads, 1, 1};
+      plan.main.shared_bytes =
+          fc::wgmma_shared_bytes(format.bits, plan.key.w_tiles);
+      plan.x_tiles = Launch{
+          "fpqmm_wgmma_tile_x_" + std::string(codes_name(format.bits)),
+          {static_cast<int>(
+               m_blocks * (p.K / fc::wgmma_stage_codes(format.bits))),
+           1,
+           1},
+          {fc::kWgmmaTileXThreads, 1, 1},
+          0};
+      plan.x_tiles_bytes = m_blocks * fc::kWgmmaXRows * int64_t(p.K) * 2;
       break;
     case KernelFamily::qmm:
       column_blocks = ceil_div(p.N, fc::kQmmRowsPerBlock);
@@ -637,6 +731,16 @@ KernelPlan plan(
           kStagedResident,
           fc::kStageCodes,
           fc::kStagedWarps * fc::kStageCodes,
+          plan);
+      break;
+    case KernelFamily::qmm_wgmma:
+      plan_split_k(
+          p,
+          device,
+          blocks,
+          1,
+          fc::wgmma_stage_codes(format.bits),
+          kWgmmaMinSplitStages * fc::wgmma_stage_codes(format.bits),
           plan);
       break;
     case KernelFamily::qmm:

@@ -42,7 +42,18 @@ inline constexpr int kMinimumMajor = 8;
 // grouped: a gather of one row per pair, the pairs grouped by expert first
 // (fp_group_pairs) and each expert's run multiplied by fp_qmv_grouped, or
 // by fp_qmm_grouped from kTiledGroupRows rows an expert.
-enum class KernelPath { qmv, qvm, simple, dequantize_matmul, grouped, tiled };
+// wgmma: x @ W^T with bfloat16 x on sm_90 (Hopper) by fp_qmm_wgmma, past
+// kWgmmaMinRows rows up to kWgmmaMaxRows, where it runs (wgmma_reason);
+// fp_wgmma_tile_x lays x out for it first.
+enum class KernelPath {
+  qmv,
+  qvm,
+  simple,
+  dequantize_matmul,
+  grouped,
+  tiled,
+  wgmma
+};
 enum class KernelRequest {
   automatic,
   decode,
@@ -50,7 +61,8 @@ enum class KernelRequest {
   staged,
   dequantize,
   grouped,
-  tiled
+  tiled,
+  wgmma
 };
 
 inline constexpr int kDecodeRows =
@@ -78,6 +90,17 @@ inline constexpr int kQmmGroupedLargeRows = 64;
 // empty when it can.
 std::string tiled_reason(const QmmProblem& problem);
 
+// The rows of x per W matrix from which (above kWgmmaMinRows) and up to
+// which fp_qmm_wgmma takes a product where it runs (more rows: dequantize
+// + matmul). Not yet measured side by side against the other paths on the
+// H200 (README, "wgmma").
+inline constexpr int kWgmmaMinRows = 48;
+inline constexpr int kWgmmaMaxRows = 512;
+// Why fp_qmm_wgmma cannot take `problem` on `device` (sm_90, x @ W^T of one
+// matrix of W, bfloat16 x, K a multiple of the stage, N of 8, and what
+// fp_qmm needs of W and its alignment); empty when it can.
+std::string wgmma_reason(const QmmProblem& problem, const CudaDevice& device);
+
 // A gather whose pairs are one row each takes the grouped path from this
 // many pairs (below it the experts seldom repeat: the per-pair decode
 // kernels read the same bytes without the grouping kernel).
@@ -92,12 +115,14 @@ inline constexpr int kTiledGroupRows = 8;
 
 // Whether the op multiplies the M rows of x per W matrix of `problem` (not
 // a gather) by dequantize + matmul rather than with the primitive: above
-// kTiledRows where fp_qmm takes it, else above kSimpleRows, when automatic
+// kWgmmaMaxRows where fp_qmm_wgmma takes it, above kTiledRows where fp_qmm
+// does, else above kSimpleRows, when automatic
 // (or grouped requested: it runs only for gathers), or on request (any M).
-bool dequantize_then_matmul(const QmmProblem& problem, KernelRequest request);
-// The most rows per W matrix that the primitive takes for `problem` when
-// automatic.
-int primitive_rows(const QmmProblem& problem);
+bool dequantize_then_matmul(
+    const QmmProblem& problem, const CudaDevice& device, KernelRequest request);
+// The most rows per W matrix that the primitive takes for `problem` on
+// `device` when automatic.
+int primitive_rows(const QmmProblem& problem, const CudaDevice& device);
 
 // A gather (mixture of experts) without lhs_indices, as the choice of
 // dequantize + gather_mm sees it: every expert dequantized in x's type, then
@@ -167,12 +192,12 @@ std::string_view path_name(KernelPath path);
 std::optional<KernelRequest> kernel_request_from_name(std::string_view name);
 std::string_view request_name(KernelRequest request);  // "auto", ...
 std::string request_names();  // "auto, qmv, ...", for messages
-// MLX_FPQMM_KERNEL=auto|qmv|simple|qmv_staged|dequantize|grouped|tiled
+// MLX_FPQMM_KERNEL=auto|qmv|simple|qmv_staged|dequantize|grouped|tiled|wgmma
 // (unset: auto; qmv asks for the decode kernels of either orientation, per
 // gather pair, qmv_staged for x @ W^T's kernel that stages W in shared
 // memory, grouped for the grouped gather where it runs, tiled for fp_qmm
-// at any M, and in the grouped gather, where it runs); throws on other
-// values.
+// at any M, and in the grouped gather, where it runs, wgmma for
+// fp_qmm_wgmma at any M where it runs); throws on other values.
 KernelRequest kernel_request_from_env();
 
 // The main kernel and its template arguments: fp_qmv<T, bits, encoding,
@@ -181,7 +206,8 @@ KernelRequest kernel_request_from_env();
 // thread block cluster, sm_90), fp_qmv_grouped<T, bits, encoding> (x_blocks
 // kMaxXBlocks), fp_qmm<T, bits, encoding> and fp_qmm_grouped<T, bits,
 // encoding> (x_blocks kQmmSmallXBlocks or kQmmLargeXBlocks; T bfloat16 or
-// float16) or FpDequantize's
+// float16), fp_qmm_wgmma<bits, encoding, w_tiles> (bfloat16 x; x_blocks
+// kWgmmaXRows / 8, w_tiles 1 or 2) or FpDequantize's
 // fp_dequantize<T, bits, encoding> (T the output's type, x_blocks 0).
 enum class KernelFamily {
   qmv,
@@ -191,7 +217,8 @@ enum class KernelFamily {
   dequantize,
   qmv_grouped,
   qmm,
-  qmm_grouped
+  qmm_grouped,
+  qmm_wgmma
 };
 
 struct KernelKey {
@@ -200,6 +227,7 @@ struct KernelKey {
   ScaleEncoding encoding;
   FloatType x_type;
   int x_blocks;
+  int w_tiles = 0;  // qmm_wgmma: tiles of 64 W rows per warpgroup
 };
 
 struct Launch {
@@ -233,6 +261,10 @@ struct KernelPlan {
   int64_t grouping_bytes = 0;
   int max_runs = 0;
   int run_rows = 0;  // pairs per run at most
+  // The wgmma path: `x_tiles` (fp_wgmma_tile_x) runs first and writes x in
+  // its tiles into x_tiles_bytes of scratch.
+  std::optional<Launch> x_tiles;
+  int64_t x_tiles_bytes = 0;
   // The batch axes the kernels walk: the problem's, with axes that are
   // contiguous in x, w and scales alike folded together.
   std::vector<int> batch_shape;

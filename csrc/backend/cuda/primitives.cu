@@ -252,6 +252,17 @@ void run(
     add_launch(encoder, *plan.grouping, fc::group_pairs_kernel(), args);
     encoder.set_input_array(scratch);
   }
+  if (plan.x_tiles) {
+    auto tiles = device_temporary(
+        {static_cast<int>(plan.x_tiles_bytes / sizeof(uint32_t))},
+        mx::uint32,
+        encoder);
+    args.x_tiles = mx::gpu_ptr<void>(tiles);
+    encoder.set_output_array(tiles);
+    add_launch(
+        encoder, *plan.x_tiles, fc::wgmma_tile_x_kernel(plan.key.bits), args);
+    encoder.set_input_array(tiles);
+  }
   if (!plan.reduction) {
     encoder.set_output_array(out);
     add_launch(encoder, plan.main, main, args);

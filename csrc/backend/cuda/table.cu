@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "backend/cuda/kernels/fp_group_pairs.cuh"
+#include "backend/cuda/kernels/fp_qmm_wgmma.cuh"
 #include "backend/cuda/kernels/fp_strided_copy.cuh"
 #include "backend/cuda/kernels/kernel_for.cuh"
 
@@ -66,6 +67,11 @@ const void* strided_copy_kernel(int itemsize) {
       return reinterpret_cast<const void*>(&fp_strided_copy<uint32_t>);
   }
   throw std::invalid_argument("[cuda] no copy kernel for this element size.");
+}
+
+const void* wgmma_tile_x_kernel(int bits) {
+  return bits == 4 ? reinterpret_cast<const void*>(&fp_wgmma_tile_x<4>)
+                   : reinterpret_cast<const void*>(&fp_wgmma_tile_x<8>);
 }
 
 const void* group_pairs_kernel() {

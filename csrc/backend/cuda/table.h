@@ -1,7 +1,7 @@
 // The kernel instantiation a plan names (KernelPlan::main, ::reduction,
-// ::grouping), as a function pointer (eval_gpu turns it into a CUfunction with
-// cudaGetFuncBySymbol): the one place that turns a KernelKey into template
-// arguments, for eval_gpu and the test harness alike. Plain C++.
+// ::grouping, ::x_tiles), as a function pointer (eval_gpu turns it into a
+// CUfunction with cudaGetFuncBySymbol): the one place that turns a KernelKey
+// into template arguments, for eval_gpu and the test harness alike. Plain C++.
 #pragma once
 
 #include "backend/cuda/plan.h"
@@ -12,6 +12,8 @@ namespace fpqmm::cuda {
 const void* main_kernel(const mlx_fpqmm::cuda::KernelKey& key);
 const void* split_k_sum_kernel(mlx_fpqmm::FloatType type);
 const void* group_pairs_kernel();
+// fp_wgmma_tile_x for `bits`-wide codes (KernelPlan::x_tiles).
+const void* wgmma_tile_x_kernel(int bits);
 // fp_strided_copy for elements of `itemsize` bytes (2 or 4).
 const void* strided_copy_kernel(int itemsize);
 

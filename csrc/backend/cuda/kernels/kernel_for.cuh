@@ -8,6 +8,7 @@
 
 #include "backend/cuda/kernels/fp_dequantize.cuh"
 #include "backend/cuda/kernels/fp_qmm.cuh"
+#include "backend/cuda/kernels/fp_qmm_wgmma.cuh"
 #include "backend/cuda/kernels/fp_qmv.cuh"
 #include "backend/cuda/kernels/fp_qmv_staged.cuh"
 #include "backend/cuda/kernels/fp_qvm.cuh"
@@ -45,9 +46,10 @@ void with_qmm_x_blocks(int x_blocks, F&& f) {
 }
 
 // fp_qmv, fp_qmv_cluster, fp_qmv_grouped, fp_qmv_staged, fp_qvm, fp_qmm,
-// fp_qmm_grouped or fp_dequantize for `key` (of x type T and `bits`-wide
-// codes); null for E4M3 scales with E4M3 codes, which no format has, and
-// for fp_qmm with float32 x.
+// fp_qmm_grouped, fp_qmm_wgmma or fp_dequantize for `key` (of x type T and
+// `bits`-wide codes); null for E4M3 scales with E4M3 codes, which no format
+// has, for fp_qmm with float32 x and for fp_qmm_wgmma with other than
+// bfloat16 x.
 template <typename T, int bits>
 const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
   const void* kernel = nullptr;
@@ -90,6 +92,14 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
                            : reinterpret_cast<const void*>(
                                  &fp_qmm_grouped<T, bits, encoding, x_blocks>);
             });
+          }
+          break;
+        case KernelFamily::qmm_wgmma:
+          if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+            kernel = key.w_tiles == 1 ? reinterpret_cast<const void*>(
+                                            &fp_qmm_wgmma<bits, encoding, 1>)
+                                      : reinterpret_cast<const void*>(
+                                            &fp_qmm_wgmma<bits, encoding, 2>);
           }
           break;
         case KernelFamily::qmv_cluster:

@@ -127,6 +127,51 @@ constexpr int qmm_shared_bytes(
          qmm_stage_bytes(bits, x_itemsize, scale_itemsize, x_blocks);
 }
 
+// qmm_wgmma (sm_90a: x @ W^T with bfloat16 x, many rows): Hopper's
+// warpgroup MMA (wgmma m64n128k16, A = W decoded into registers, B = x in
+// shared memory). A block of kWgmmaWarpgroups warpgroups multiplies
+// wgmma_rows_per_block(tiles) rows of W (tiles of 64 rows a warpgroup)
+// with kWgmmaXRows rows of x. A stage is 64 bytes of each W row
+// (wgmma_stage_codes), staged by cp.async, and x's values over the same
+// codes, which a first kernel (fp_wgmma_tile_x) has laid out in device
+// memory as the stage's shared-memory tile, so that one bulk copy loads it.
+inline constexpr int kWgmmaWarpgroups = 2;
+inline constexpr int kWgmmaThreads = kWgmmaWarpgroups * 128;
+inline constexpr int kWgmmaTileRows = 64;  // wgmma's M
+inline constexpr int kWgmmaXRows = 128;    // wgmma's N
+inline constexpr int kWgmmaWRowBytes = 64;
+inline constexpr int kWgmmaSharedBudget = 200 * 1024;
+inline constexpr int kWgmmaTileXThreads =
+    256;  // fp_wgmma_tile_x, a tile a block
+constexpr int wgmma_rows_per_block(int tiles) {
+  return kWgmmaWarpgroups * tiles * kWgmmaTileRows;
+}
+constexpr int wgmma_stage_codes(int bits) {
+  return kWgmmaWRowBytes * 8 / bits;
+}
+constexpr int wgmma_x_tile_bytes(int bits) {
+  return kWgmmaXRows * wgmma_stage_codes(bits) * 2;
+}
+constexpr int wgmma_stage_bytes(int bits, int tiles) {
+  return wgmma_x_tile_bytes(bits) +
+         wgmma_rows_per_block(tiles) * kWgmmaWRowBytes;
+}
+constexpr int wgmma_stages(int bits, int tiles) {
+  const int fit = kWgmmaSharedBudget / wgmma_stage_bytes(bits, tiles);
+  return fit < 8 ? fit : 8;
+}
+// The output tile, staged for whole 16-byte rows of y (rows padded by 16
+// bytes against bank conflicts).
+constexpr int wgmma_out_pitch(int tiles) {
+  return wgmma_rows_per_block(tiles) * 2 + 16;
+}
+constexpr int wgmma_shared_bytes(int bits, int tiles) {
+  const int stages =
+      wgmma_stages(bits, tiles) * (wgmma_stage_bytes(bits, tiles) + 8);
+  const int out = kWgmmaXRows * wgmma_out_pitch(tiles);
+  return stages > out ? stages : out;
+}
+
 // qvm (x @ W, W (K, N) grouped along N): each lane owns kQvmColumns
 // adjacent outputs (one or two packed words per row of W) for up to
 // kQvmRows rows of x; the warps of a block take turns over the rows of K of
@@ -231,6 +276,8 @@ struct QmmArgs {
   uint32_t* pair_order;
   PairRun* pair_runs;
   uint32_t* run_count;
+  // qmm_wgmma: x in fp_wgmma_tile_x's layout.
+  void* x_tiles;
 };
 
 // The grouped path's scratch, 32-bit words from a 16-byte aligned start:

@@ -348,6 +348,7 @@ struct DeviceProblem {
   uint32_t* rhs = nullptr;
   float* partials = nullptr;
   uint32_t* scratch = nullptr;  // the grouped path's (plan.grouping_bytes)
+  void* x_tiles = nullptr;      // the wgmma path's (plan.x_tiles_bytes)
 };
 
 template <typename T>
@@ -400,6 +401,10 @@ void run_plan(const cu::KernelPlan& plan, const QmmProblem& problem,
     fc::place_grouping_scratch(args, d.scratch, plan.max_runs);
     launch(*plan.grouping, fc::group_pairs_kernel(), args, stream);
   }
+  if (plan.x_tiles) {
+    args.x_tiles = d.x_tiles;
+    launch(*plan.x_tiles, fc::wgmma_tile_x_kernel(plan.key.bits), args, stream);
+  }
   launch(plan.main, fc::main_kernel(plan.key), args, stream);
   if (plan.reduction) {
     launch(*plan.reduction, fc::split_k_sum_kernel(problem.x_type), args, stream);
@@ -433,6 +438,9 @@ bool run_case(const Case& c, std::mt19937& rng) {
   if (plan.grouping_bytes > 0) {
     CHECK_CUDA(cudaMalloc(&d.scratch, plan.grouping_bytes));
   }
+  if (plan.x_tiles_bytes > 0) {
+    CHECK_CUDA(cudaMalloc(&d.x_tiles, plan.x_tiles_bytes));
+  }
   run_plan(plan, h.problem, d);
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -449,7 +457,8 @@ bool run_case(const Case& c, std::mt19937& rng) {
                           plan.key.family == cu::KernelFamily::qmv_cluster ||
                           plan.key.family == cu::KernelFamily::qmv_grouped ||
                           plan.key.family == cu::KernelFamily::qmm ||
-                          plan.key.family == cu::KernelFamily::qmm_grouped) &&
+                          plan.key.family == cu::KernelFamily::qmm_grouped ||
+                          plan.key.family == cu::KernelFamily::qmm_wgmma) &&
       encoding != ScaleEncoding::e8m0 && encoding != ScaleEncoding::e4m3;
   const double term_eps = rounded_w ? 0x1p-8
       : c.x_type == FloatType::float32 ? 0x1p-15
@@ -483,7 +492,7 @@ bool run_case(const Case& c, std::mt19937& rng) {
               plan.main.grid[0], plan.main.grid[1],
               plan.main.grid[2], worst);
   for (void* p : {d.w, d.scales, d.x, d.y, (void*)d.global_scale, (void*)d.lhs,
-                  (void*)d.rhs, (void*)d.partials, (void*)d.scratch}) {
+                  (void*)d.rhs, (void*)d.partials, (void*)d.scratch, d.x_tiles}) {
     cudaFree(p);
   }
   return bad == 0;
@@ -632,6 +641,19 @@ std::vector<Case> test_cases() {
       cases.push_back(g);
     }
   }
+  // fp_qmm_wgmma (sm_90): x rows past M in the last tile of 128, W rows past
+  // N, K split over a small grid, blocks of 256 W rows on a large one.
+  for (const auto& m : kModes) {
+    for (auto [M, N, K] : {std::array<int, 3>{200, 136, 512},
+                           std::array<int, 3>{128, 256, 8192},
+                           std::array<int, 3>{512, 4352, 256}}) {
+      Case c{name(m, "bf16", true, M, N, K, " wgmma"), m.mode, m.group_size,
+             FloatType::bfloat16, m.scale_type, true, M, N, K};
+      c.global_scale = m.mode == Mode::nvfp4;
+      c.request = cu::KernelRequest::wgmma;
+      cases.push_back(c);
+    }
+  }
   // The simple path forced on a decode shape, the decode path on M > 16.
   Case s{name(kModes[0], "bf16", true, 4, 96, 256, " simple"), Mode::mxfp4, 32,
          FloatType::bfloat16, std::nullopt, true, 4, 96, 256};
@@ -659,6 +681,11 @@ std::vector<Case> test_cases() {
           tiled.name += " bf16";
         }
         cases.push_back(tiled);
+        Case wgmma = tiled;
+        wgmma.name.replace(wgmma.name.rfind(" tiled"), 6, " wgmma");
+        wgmma.request = cu::KernelRequest::wgmma;
+        wgmma.x_type = FloatType::bfloat16;
+        cases.push_back(wgmma);
       }
       Case ampere = cases[i];
       ampere.name += " sm_80";
@@ -774,6 +801,9 @@ void bench(const std::string& only) {
     if (plan.grouping_bytes > 0) {
       CHECK_CUDA(cudaMalloc(&d.scratch, plan.grouping_bytes));
     }
+    if (plan.x_tiles_bytes > 0) {
+      CHECK_CUDA(cudaMalloc(&d.x_tiles, plan.x_tiles_bytes));
+    }
     const double us = time_us(
         [&] {
           for (int i = 0; i < copies; ++i) {
@@ -789,6 +819,7 @@ void bench(const std::string& only) {
                 plan.splits_in_cluster ? " (cluster)" : "");
     cudaFree(indices);
     cudaFree(d.scratch);
+    cudaFree(d.x_tiles);
   };
 
   // Decode (M = 1, 8: every x type, the automatic plan) and prefill (the
@@ -831,7 +862,8 @@ void bench(const std::string& only) {
             }
             continue;
           }
-          for (auto request : {cu::KernelRequest::simple, cu::KernelRequest::tiled}) {
+          for (auto request : {cu::KernelRequest::simple, cu::KernelRequest::tiled,
+                               cu::KernelRequest::wgmma}) {
             if (request == cu::KernelRequest::simple && M > 128) {
               continue;
             }

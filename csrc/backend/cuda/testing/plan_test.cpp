@@ -158,11 +158,11 @@ int main() {
           m40.main.shared_bytes == 4 * (128 * (64 + 4 * 2) + 32 * 64 * 2),
       "M=40 tiled: " + m40.main.kernel);
   check(
-      auto_plan(problem(Mode::mxfp4, true, cu::kQmmSmallRows, 4096, 4096), h200)
+      auto_plan(problem(Mode::mxfp4, true, cu::kQmmSmallRows, 4096, 4096), a100)
               .main.kernel.ends_with("_x32") &&
           auto_plan(
               problem(Mode::mxfp4, true, cu::kQmmSmallRows + 1, 4096, 4096),
-              h200)
+              a100)
               .main.kernel.ends_with("_x64"),
       "tiled: 64 x rows a block past kQmmSmallRows");
   auto f32_problem = problem(Mode::mxfp8, true, 40, 14336, 4096);
@@ -179,7 +179,7 @@ int main() {
       auto_plan(scales_unaligned, h200).path == cu::KernelPath::simple,
       "tiled needs 4-byte aligned scales");
   // A small grid splits K; a tiled request at a decode M.
-  auto few_tiles = auto_plan(problem(Mode::mxfp4, true, 64, 256, 8192), h200);
+  auto few_tiles = auto_plan(problem(Mode::mxfp4, true, 64, 256, 8192), a100);
   check(
       few_tiles.path == cu::KernelPath::tiled && few_tiles.split_k > 1 &&
           few_tiles.split_k_step % fpqmm::cuda::qmm_stage_codes(4) == 0 &&
@@ -263,21 +263,21 @@ int main() {
     p.x_type = x_type;
     return p;
   };
+  auto deq = [&](const QmmProblem& p, KernelRequest request) {
+    return cu::dequantize_then_matmul(p, a100, request);
+  };
   check(
-      !cu::dequantize_then_matmul(
-          rows(cu::kTiledRows), KernelRequest::automatic) &&
-          cu::dequantize_then_matmul(
-              rows(cu::kTiledRows + 1), KernelRequest::automatic) &&
-          !cu::dequantize_then_matmul(
+      !deq(rows(cu::kTiledRows), KernelRequest::automatic) &&
+          deq(rows(cu::kTiledRows + 1), KernelRequest::automatic) &&
+          !deq(
               rows(cu::kSimpleRows, FloatType::float32),
               KernelRequest::automatic) &&
-          cu::dequantize_then_matmul(
-              rows(cu::kSimpleRows + 1, FloatType::float32),
+          deq(rows(cu::kSimpleRows + 1, FloatType::float32),
               KernelRequest::automatic) &&
-          !cu::dequantize_then_matmul(rows(4096), KernelRequest::simple) &&
-          !cu::dequantize_then_matmul(rows(4096), KernelRequest::decode) &&
-          !cu::dequantize_then_matmul(rows(4096), KernelRequest::tiled) &&
-          cu::dequantize_then_matmul(rows(1), KernelRequest::dequantize),
+          !deq(rows(4096), KernelRequest::simple) &&
+          !deq(rows(4096), KernelRequest::decode) &&
+          !deq(rows(4096), KernelRequest::tiled) &&
+          deq(rows(1), KernelRequest::dequantize),
       "dequantize + matmul above the tiled (or simple) rows");
   // A gather: pairs of one row (sorted here unless sorted with x in pair
   // order) from 192 rows an expert, within MLX's grouped GEMM's 1024 experts
@@ -324,15 +324,12 @@ int main() {
               per_pair(384), KernelRequest::grouped) &&
           !cu::gather_dequantize_then_matmul(
               moe(8192, 1, 8192, true), KernelRequest::grouped) &&
-          cu::dequantize_then_matmul(
-              rows(cu::kTiledRows + 1), KernelRequest::grouped),
+          deq(rows(cu::kTiledRows + 1), KernelRequest::grouped),
       "gather: dequantize + gather_mm from 12 rows an expert per pair");
   check(
       moe(4096, 1, 4096, true).dense_bytes == int64_t(32) * 2880 * 2880 * 2 &&
-          !takes(
-              cu::gather_rows(
-                  gather_problem(1 << 16, 1, 1536, 5120, 1 << 16, 160),
-                  true)) &&
+          !takes(cu::gather_rows(
+              gather_problem(1 << 16, 1, 1536, 5120, 1 << 16, 160), true)) &&
           !cu::gather_rows(
                gather_problem(1 << 20, 1, 64, 64, 1 << 20, 1025), true)
                .grouped &&
@@ -364,12 +361,94 @@ int main() {
       "gather: requests, within MLX's other kernels' grid and 32-bit offsets");
   auto many = cu::plan(
       problem(Mode::mxfp4, true, 4096, 4096, 4096),
-      h200,
+      a100,
       KernelRequest::dequantize);
   check(
       many.path == cu::KernelPath::tiled &&
           many.note.find("made elsewhere") != std::string::npos,
       "the primitive of many rows plans tiled: " + many.note);
+  check(
+      cu::plan(
+          problem(Mode::mxfp4, true, 4096, 4096, 4096),
+          h200,
+          KernelRequest::dequantize)
+              .path == cu::KernelPath::wgmma,
+      "the primitive of many rows plans wgmma on sm_90");
+
+  // wgmma (sm_90, bfloat16 x): from kWgmmaMinRows rows to kWgmmaMaxRows,
+  // then dequantize + matmul; 256 W rows a block where those blocks half
+  // fill the GPU, else 128 and split K where even those would not.
+  auto wide = auto_plan(problem(Mode::mxfp4, true, 256, 14336, 4096), h200);
+  check(
+      wide.path == cu::KernelPath::wgmma &&
+          wide.main.kernel == "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w256" &&
+          wide.main.grid[0] == 56 && wide.main.grid[1] == 2 &&
+          wide.split_k == 1 && wide.x_tiles &&
+          wide.x_tiles->kernel == "fpqmm_wgmma_tile_x_e2m1" &&
+          wide.x_tiles->grid[0] == 2 * 4096 / 128 &&
+          wide.x_tiles_bytes == int64_t(256) * 4096 * 2 &&
+          wide.main.shared_bytes == fpqmm::cuda::wgmma_shared_bytes(4, 2) &&
+          wide.main.shared_bytes <= 227 * 1024,
+      "wgmma 256 rows: " + wide.main.kernel);
+  auto small_grid =
+      auto_plan(problem(Mode::mxfp8, true, 128, 4096, 14336), h200);
+  check(
+      small_grid.path == cu::KernelPath::wgmma &&
+          small_grid.main.kernel ==
+              "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x128_w128" &&
+          small_grid.split_k > 1 &&
+          small_grid.split_k_step % fpqmm::cuda::wgmma_stage_codes(8) == 0 &&
+          small_grid.main.grid[1] == small_grid.split_k &&
+          small_grid.reduction &&
+          small_grid.x_tiles_bytes == int64_t(128) * 14336 * 2,
+      "wgmma 128 rows, split K: " + small_grid.main.kernel);
+  auto odd_m = auto_plan(problem(Mode::nvfp4, true, 200, 4096, 4096), h200);
+  check(
+      odd_m.path == cu::KernelPath::wgmma &&
+          odd_m.x_tiles_bytes == int64_t(256) * 4096 * 2 &&
+          odd_m.main.grid[1] == 2 * odd_m.split_k,
+      "wgmma: x's rows padded to tiles of 128");
+  check(
+      !cu::dequantize_then_matmul(
+          rows(cu::kWgmmaMaxRows), h200, KernelRequest::automatic) &&
+          cu::dequantize_then_matmul(
+              rows(cu::kWgmmaMaxRows + 1), h200, KernelRequest::automatic) &&
+          cu::primitive_rows(rows(1), h200) == cu::kWgmmaMaxRows &&
+          cu::primitive_rows(rows(1, FloatType::float16), h200) ==
+              cu::kTiledRows,
+      "wgmma's rows, then dequantize + matmul");
+  check(
+      auto_plan(rows(cu::kWgmmaMinRows), h200).path == cu::KernelPath::tiled &&
+          auto_plan(rows(cu::kWgmmaMinRows + 1), h200).path ==
+              cu::KernelPath::wgmma &&
+          auto_plan(rows(cu::kWgmmaMinRows + 1), a100).path ==
+              cu::KernelPath::tiled,
+      "wgmma from kWgmmaMinRows rows, on sm_90 only");
+  const std::pair<QmmProblem, std::string> not_wgmma[] = {
+      {rows(256, FloatType::float16), "float16 x"},
+      {problem(Mode::mxfp4, true, 256, 4100, 4096), "N=4100"},
+      {problem(Mode::mxfp8, true, 256, 4096, 4128), "K=4128"},
+      {problem(Mode::mxfp4, false, 256, 4096, 4096), "x @ W"},
+  };
+  for (const auto& [p, why] : not_wgmma) {
+    const std::string reason = cu::wgmma_reason(p, h200);
+    check(reason.find(why) != std::string::npos, "wgmma_reason: " + reason);
+  }
+  auto two_matrices = problem(Mode::mxfp4, true, 256, 4096, 4096);
+  two_matrices.batch_shape = {2};
+  two_matrices.x_batch_strides = {256 * 4096};
+  two_matrices.w_batch_strides = {0};
+  two_matrices.scales_batch_strides = {0};
+  check(
+      cu::wgmma_reason(two_matrices, h200).find("more than one") !=
+          std::string::npos,
+      "wgmma: one matrix");
+  auto requested = cu::plan(rows(16), h200, KernelRequest::wgmma);
+  check(
+      requested.path == cu::KernelPath::wgmma &&
+          cu::plan(rows(256), a100, KernelRequest::wgmma)
+              .note.starts_with("wgmma requested, not taken: not sm_90"),
+      "wgmma requested");
   auto dequantize = cu::plan_dequantize(
       14336, 4096, 4, ScaleEncoding::e4m3, FloatType::float16, h200);
   check(

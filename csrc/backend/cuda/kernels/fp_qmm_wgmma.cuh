@@ -1,0 +1,406 @@
+// y = x @ W^T for many rows of bfloat16 x on Hopper's warpgroup MMA
+// (sm_90a): W's codes decoded into the A registers with fp_qmv's bit
+// operations and scale folding, x (B) read by the MMA from shared memory.
+//
+// The decode pairs codes p and p + 16 / bits of a 32-bit word (decode_pair),
+// so the K order of the A fragments is not the natural one. x is therefore
+// laid out once per product in that order by fp_wgmma_tile_x, as the
+// shared-memory image of each (128 rows of x, stage) tile: one bulk copy
+// per stage loads it, and the MMA reads plain K-major core matrices.
+#pragma once
+
+#include "backend/cuda/kernels/fp_qmm.cuh"
+#include "backend/cuda/kernels/sm90.cuh"
+
+namespace fpqmm::cuda {
+
+// The natural code (within a stage) at position k (0..15) of wgmma step
+// `step`: the A fragment of lane (g, t) holds k = 2t + h + 8q (h = 0, 1,
+// the pair's halves; q = 0, 1, its two pairs of a row), which the lane
+// decodes from its 16 bytes of the row: word step / steps_per_word, pair
+// 2 (step % steps_per_word) + q, half h.
+template <int bits>
+__host__ __device__ constexpr int wgmma_natural_code(int step, int k) {
+  constexpr int word_codes = 32 / bits;
+  constexpr int steps_per_word = word_codes / 4;
+  constexpr int lane_codes = wgmma_stage_codes(bits) / 4;
+  return lane_codes * (k % 8 / 2) + word_codes * (step / steps_per_word) +
+         2 * (step % steps_per_word) + k / 8 + word_codes / 2 * (k % 2);
+}
+
+// Unit u (8 values, 16 bytes) of a tile: x row 8 (u / tile_row_units) + u %
+// 8 of the tile, 16-byte column u / 8 % row_units; core matrices (8 rows x
+// one column) of 128 bytes, a tile's 8 rows in a row of them.
+template <int bits>
+struct WgmmaXTile {
+  static constexpr int codes = wgmma_stage_codes(bits);
+  static constexpr int row_units = codes / 8;
+  static constexpr int units = kWgmmaXRows * row_units;
+  static constexpr int bytes = wgmma_x_tile_bytes(bits);
+  static constexpr int sbo = 8 * codes * 2;  // next 8 rows
+  static constexpr int lbo = 128;            // next core matrix along K
+};
+
+// x (M x K bfloat16, row-contiguous) into args.x_tiles: tile (m block b,
+// stage s) at (b * K / codes + s) * bytes, rows past M zero. A block per
+// tile: its rows' values are read whole into shared memory, then each
+// thread writes units in the tile's order.
+template <int bits>
+__global__ void __launch_bounds__(kWgmmaTileXThreads)
+    fp_wgmma_tile_x(const QmmArgs args) {
+  using Tile = WgmmaXTile<bits>;
+  __shared__ uint4 rows[Tile::units];
+  const int stage_count = args.K / Tile::codes;
+  const int m_block = blockIdx.x / stage_count;
+  const int k0 = blockIdx.x % stage_count * Tile::codes;
+  const auto* x = static_cast<const __nv_bfloat16*>(args.x);
+  for (int u = threadIdx.x; u < Tile::units; u += blockDim.x) {
+    const int m = m_block * kWgmmaXRows + u / Tile::row_units;
+    rows[u] = m < args.M
+                  ? *reinterpret_cast<const uint4*>(
+                        x + int64_t(m) * args.K + k0 + u % Tile::row_units * 8)
+                  : uint4{0, 0, 0, 0};
+  }
+  __syncthreads();
+  const auto* values = reinterpret_cast<const __nv_bfloat16*>(rows);
+  auto* out =
+      static_cast<uint4*>(args.x_tiles) + int64_t(blockIdx.x) * Tile::units;
+  for (int u = threadIdx.x; u < Tile::units; u += blockDim.x) {
+    const int row = 8 * (u / (8 * Tile::row_units)) + u % 8;
+    const int column = u / 8 % Tile::row_units;
+    alignas(16) __nv_bfloat16 v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v[i] = values
+          [row * Tile::codes +
+           wgmma_natural_code<bits>(column / 2, 8 * (column % 2) + i)];
+    }
+    out[u] = *reinterpret_cast<const uint4*>(v);
+  }
+}
+
+// wgmma steps in flight, each with its A fragments in registers.
+inline constexpr int kWgmmaInFlight = 2;
+
+// W rows [n0, n0 + wgmma_rows_per_block(tiles)) times x rows [m0, m0 + 128)
+// over K range [k_begin, k_end) (multiples of the stage) of one product;
+// every thread of the block calls it. `ring` counts the stages that earlier
+// calls of the block passed through the shared-memory ring (the mbarriers'
+// phases).
+template <int bits, int encoding, int tiles>
+__device__ __forceinline__ void fp_qmm_wgmma_impl(
+    const QmmArgs& args,
+    const Operands<__nv_bfloat16, encoding>& op,
+    uint8_t* shared,
+    int& ring,
+    int m0,
+    int n0,
+    int k_begin,
+    int k_end,
+    __nv_bfloat16* y,
+    float* partials) {
+  using T = __nv_bfloat16;
+  using S = typename ScaleStorage<encoding>::type;
+  using Tile = WgmmaXTile<bits>;
+  constexpr int codes = Tile::codes;
+  constexpr int steps = codes / kStepCodes;
+  constexpr int word_codes = 32 / bits;
+  constexpr int steps_per_word = word_codes / 4;
+  constexpr int lane_codes = codes / 4;
+  constexpr int groups = kChunkGroups<bits, encoding>;
+  constexpr int stages = wgmma_stages(bits, tiles);
+  constexpr int ahead = stages - 2;
+  constexpr int block_rows = wgmma_rows_per_block(tiles);
+  constexpr int stage_bytes = wgmma_stage_bytes(bits, tiles);
+  constexpr int accumulators = kWgmmaXRows / 2;
+  static_assert(steps % kWgmmaInFlight == 0 && ahead >= 1);
+  static_assert(block_rows * 4 % kWgmmaThreads == 0);
+  static_assert(kWgmmaXRows * wgmma_out_pitch(tiles) <= stages * stage_bytes);
+
+  const int N = args.N;
+  const int K = args.K;
+  const int warpgroup = threadIdx.x / 128;
+  const int warp = threadIdx.x / kWarpSize % 4;
+  const FragmentLane lane = fragment_lane(threadIdx.x % kWarpSize);
+  const int group_shift = __ffs(args.group_size) - 1;
+  const int64_t w_row_bytes = int64_t(K) * bits / 8;
+  const int64_t scales_per_row = K >> group_shift;
+  const int first_stage = k_begin / codes;
+  const int stage_count = (k_end - k_begin) / codes;
+  const auto* w_bytes = reinterpret_cast<const uint8_t*>(op.w);
+  const auto* x_tiles = static_cast<const uint8_t*>(args.x_tiles) +
+                        int64_t(m0 / kWgmmaXRows) * (K / codes) * Tile::bytes;
+  const uint32_t barriers = sm90::shared_address(shared + stages * stage_bytes);
+
+  // This lane's W rows in the block: tile i, half h.
+  auto w_row = [&](int i, int h) {
+    return (warpgroup * tiles + i) * kWgmmaTileRows + warp * kTileRows + h * 8 +
+           lane.group;
+  };
+  auto slot_of = [&](int s) { return (ring + s) % stages; };
+
+  // Stage s's x tile (one bulk copy) and rows of W (a 16-byte unit each per
+  // thread and copy, rows past N zero).
+  auto issue = [&](int s) {
+    const int slot = slot_of(s);
+    uint8_t* at = shared + slot * stage_bytes;
+    if (threadIdx.x == 0) {
+      const uint32_t barrier = barriers + 8 * slot;
+      sm90::barrier_expect(barrier, Tile::bytes);
+      sm90::bulk_copy(
+          sm90::shared_address(at),
+          x_tiles + int64_t(first_stage + s) * Tile::bytes,
+          Tile::bytes,
+          barrier);
+    }
+    const int64_t k_byte = int64_t(k_begin + s * codes) * bits / 8;
+#pragma unroll
+    for (int c = 0; c < block_rows * 4 / kWgmmaThreads; ++c) {
+      const int u = threadIdx.x + c * kWgmmaThreads;
+      const int n = n0 + u / 4;
+      const bool in = n < N;
+      copy_async<16>(
+          at + Tile::bytes + 16 * u,
+          in ? w_bytes + n * w_row_bytes + k_byte + u % 4 * 16 : w_bytes,
+          in ? 16 : 0);
+    }
+  };
+
+  // The scales of this lane's codes of stage s, loaded a stage ahead.
+  S stored[tiles][2][groups];
+  auto load_scales = [&](int s) {
+    const int k = k_begin + s * codes + lane.thread * lane_codes;
+#pragma unroll
+    for (int i = 0; i < tiles; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t n = min(n0 + w_row(i, h), N - 1);
+#pragma unroll
+        for (int g = 0; g < groups; ++g) {
+          stored[i][h][g] =
+              op.scales
+                  [n * scales_per_row +
+                   ((k + g * lane_codes / groups) >> group_shift)];
+        }
+      }
+    }
+  };
+
+  // Set by the first wgmma (accumulate false): defining them with other
+  // instructions would make ptxas serialize the wgmmas (C7515).
+  float acc[tiles][accumulators];
+  uint32_t a[kWgmmaInFlight][tiles][4];
+
+  load_scales(0);
+#pragma unroll
+  for (int s = 0; s < ahead; ++s) {
+    if (s < stage_count) {
+      issue(s);
+    }
+    commit_async();
+  }
+  for (int s = 0; s < stage_count; ++s) {
+    wait_async<ahead - 1>();
+    // Stage s's W has landed for every thread, and every warpgroup has at
+    // most kWgmmaInFlight - 1 (< steps) steps of stage s - 1 in flight,
+    // hence is done with stage s - 2, whose slot the next copies fill.
+    __syncthreads();
+    if (s + ahead < stage_count) {
+      issue(s + ahead);
+    }
+    commit_async();
+
+    const int slot = slot_of(s);
+    const uint8_t* at = shared + slot * stage_bytes;
+    uint4 words[tiles][2];
+    float scales[tiles][2][groups];
+    bool two = false;
+#pragma unroll
+    for (int i = 0; i < tiles; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        words[i][h] = *reinterpret_cast<const uint4*>(
+            at + Tile::bytes + w_row(i, h) * kWgmmaWRowBytes +
+            lane.thread * 16);
+#pragma unroll
+        for (int g = 0; g < groups; ++g) {
+          scales[i][h][g] = decode_scale<encoding>(stored[i][h][g]);
+          two |= needs_two_steps<bits, encoding>(scales[i][h][g]);
+        }
+      }
+    }
+    if (s + 1 < stage_count) {
+      load_scales(s + 1);
+    }
+    // The warp decodes in two multiplies where any of its lanes needs them
+    // (warp-uniform; the wgmma stays outside the branch).
+    two = __any_sync(0xFFFFFFFFu, two);
+    Multipliers multipliers[tiles][2][groups];
+#pragma unroll
+    for (int i = 0; i < tiles; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int g = 0; g < groups; ++g) {
+          multipliers[i][h][g] =
+              two ? multipliers_for<bits, encoding, true>(scales[i][h][g])
+                  : multipliers_for<bits, encoding, false>(scales[i][h][g]);
+        }
+      }
+    }
+    sm90::barrier_wait(barriers + 8 * slot, (ring + s) / stages % 2);
+    const uint64_t descriptor =
+        sm90::kmajor_descriptor(sm90::shared_address(at), Tile::lbo, Tile::sbo);
+
+#pragma unroll
+    for (int j = 0; j < steps; ++j) {
+      uint32_t(&aj)[tiles][4] = a[j % kWgmmaInFlight];
+      const int word = j / steps_per_word;
+      auto decode = [&](auto two_constant) {
+        constexpr bool two_steps = decltype(two_constant)::value;
+#pragma unroll
+        for (int i = 0; i < tiles; ++i) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const Multipliers& m = multipliers[i][h][word * groups / 4];
+            const uint32_t code_word =
+                reinterpret_cast<const uint32_t*>(&words[i][h])[word];
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+              Bf16Pair pair = __hmul2(
+                  pair_from_bits<Bf16Pair>(code_pair_bits<T, bits>(
+                      code_word, 2 * (j % steps_per_word) + q)),
+                  pair_from_bits<Bf16Pair>(m.first));
+              if constexpr (two_steps) {
+                pair = __hmul2(pair, pair_from_bits<Bf16Pair>(m.second));
+              }
+              aj[i][2 * q + h] = bits_of(pair);
+            }
+          }
+        }
+      };
+      if (two) {
+        decode(std::true_type{});
+      } else {
+        decode(std::false_type{});
+      }
+      // Step j's x: core-matrix columns 2j, 2j + 1 (256 bytes on).
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < tiles; ++i) {
+        sm90::fence_registers(acc[i]);
+        sm90::wgmma_m64n128k16(
+            acc[i], aj[i], descriptor + uint64_t(16 * j), s > 0 || j > 0);
+        sm90::fence_registers(acc[i]);
+      }
+      sm90::wgmma_commit();
+      // The step kWgmmaInFlight - 1 back is done, and its A registers free.
+      // The last step waits for every wgmma: ptxas moved the epilogue's
+      // reads of the accumulators above a wait that followed the loop.
+      if (s == stage_count - 1 && j == steps - 1) {
+        sm90::wgmma_wait<0>();
+      } else {
+        sm90::wgmma_wait<kWgmmaInFlight - 1>();
+      }
+      // The next step's registers stay allocated until the wait that
+      // retires the wgmma that reads them.
+#pragma unroll
+      for (int i = 0; i < tiles; ++i) {
+        sm90::fence_registers(a[(j + 1) % kWgmmaInFlight][i]);
+      }
+    }
+  }
+  // (Done by the loop's last step; without it ptxas adds a wait of its own
+  // for the epilogue, C7517, and schedules the loop differently.)
+  sm90::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < tiles; ++i) {
+    sm90::fence_registers(acc[i]);
+  }
+  wait_async<0>();
+  ring += stage_count;
+  __syncthreads();
+
+  // Accumulator e of tile i: W row w_row(i, e % 4 / 2), x row e / 4 * 8 +
+  // 2 t + e % 2 of the block.
+  const float factor = op.factor * power_of_two(scale_shift<encoding>());
+  if (partials) {
+#pragma unroll
+    for (int i = 0; i < tiles; ++i) {
+#pragma unroll
+      for (int e = 0; e < accumulators; ++e) {
+        store_output(
+            acc[i][e] * factor,
+            m0 + e / 4 * 8 + 2 * lane.thread + e % 2,
+            n0 + w_row(i, e % 4 / 2),
+            args.M,
+            N,
+            y,
+            partials,
+            ContiguousRows{});
+      }
+    }
+    return;
+  }
+  // Through shared memory, for whole 16-byte units of y's rows (the plan
+  // takes N a multiple of 8).
+  constexpr int pitch = wgmma_out_pitch(tiles);
+  auto* out = reinterpret_cast<T*>(shared);
+#pragma unroll
+  for (int i = 0; i < tiles; ++i) {
+#pragma unroll
+    for (int e = 0; e < accumulators; ++e) {
+      out[(e / 4 * 8 + 2 * lane.thread + e % 2) * (pitch / 2) +
+          w_row(i, e % 4 / 2)] = static_cast<T>(acc[i][e] * factor);
+    }
+  }
+  __syncthreads();
+  constexpr int row_units = block_rows / 8;
+  for (int u = threadIdx.x; u < kWgmmaXRows * row_units; u += kWgmmaThreads) {
+    const int m = u / row_units;
+    const int n = u % row_units * 8;
+    if (m0 + m < args.M && n0 + n < N) {
+      *reinterpret_cast<uint4*>(y + int64_t(m0 + m) * N + n0 + n) =
+          *reinterpret_cast<const uint4*>(
+              reinterpret_cast<const uint8_t*>(out) + m * pitch + n * 2);
+    }
+  }
+}
+
+template <int bits, int encoding, int tiles>
+__global__ void __launch_bounds__(kWgmmaThreads, 1)
+    fp_qmm_wgmma(const QmmArgs args) {
+#if FPQMM_SM90A
+  extern __shared__ uint4 shared_words[];
+  auto* shared = reinterpret_cast<uint8_t*>(shared_words);
+  constexpr int stages = wgmma_stages(bits, tiles);
+  if (threadIdx.x == 0) {
+    const uint32_t barriers =
+        sm90::shared_address(shared + stages * wgmma_stage_bytes(bits, tiles));
+    for (int slot = 0; slot < stages; ++slot) {
+      sm90::barrier_init(barriers + 8 * slot, 1);
+    }
+    sm90::barrier_init_fence();
+  }
+  __syncthreads();
+  int ring = 0;
+  transposed_grid<__nv_bfloat16, bits, encoding, kWgmmaXRows / kXBlockRows>(
+      args,
+      wgmma_rows_per_block(tiles),
+      [&](const auto& op,
+          int m0,
+          int n0,
+          int k_begin,
+          int k_end,
+          __nv_bfloat16* y,
+          float* partials) {
+        fp_qmm_wgmma_impl<bits, encoding, tiles>(
+            args, op, shared, ring, m0, n0, k_begin, k_end, y, partials);
+      });
+#else
+  // wgmma is sm_90a's: the plan takes this kernel only there.
+  __trap();
+#endif
+}
+
+}  // namespace fpqmm::cuda

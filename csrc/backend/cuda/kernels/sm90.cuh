@@ -1,0 +1,205 @@
+// Hopper (sm_90a) instructions that the wgmma kernel composes: warpgroup
+// MMA with A from registers, shared-memory matrix descriptors, mbarriers
+// and bulk copies. Only sm_90a has wgmma; other targets compile the
+// callers' traps instead (FPQMM_SM90A).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FPQMM_SM90A 1
+#else
+#define FPQMM_SM90A 0
+#endif
+
+namespace fpqmm::cuda::sm90 {
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// A K-major tile without swizzle: "core matrices" of 8 rows x 16 bytes,
+// each 128 contiguous bytes; `lbo` is the distance between core matrices
+// adjacent in K, `sbo` between core matrices adjacent in rows. Bits: start
+// >> 4 at 0, lbo >> 4 at 16, sbo >> 4 at 32, layout 0 (no swizzle) at 62.
+__device__ __forceinline__ uint64_t
+kmajor_descriptor(uint32_t address, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((address >> 4) & 0x3FFF) |
+         uint64_t((lbo >> 4) & 0x3FFF) << 16 |
+         uint64_t((sbo >> 4) & 0x3FFF) << 32;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if FPQMM_SM90A
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if FPQMM_SM90A
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int pending>
+__device__ __forceinline__ void wgmma_wait() {
+#if FPQMM_SM90A
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(pending) : "memory");
+#endif
+}
+
+// Keeps the compiler from moving accesses of registers across the
+// asynchronous wgmma (which reads A and accumulates into d after the
+// instruction issues).
+template <int n>
+__device__ __forceinline__ void fence_registers(float (&d)[n]) {
+#pragma unroll
+  for (int i = 0; i < n; ++i) {
+    asm volatile("" : "+f"(d[i])::"memory");
+  }
+}
+template <int n>
+__device__ __forceinline__ void fence_registers(uint32_t (&a)[n]) {
+#pragma unroll
+  for (int i = 0; i < n; ++i) {
+    asm volatile("" : "+r"(a[i])::"memory");
+  }
+}
+
+// d (64 x 128 float32, the warpgroup's fragments) += a (64 x 16 bfloat16,
+// registers) * b (16 x 128 bfloat16, K-major in shared memory), or = when
+// `accumulate` is false. Inline asm takes its operands as a literal list.
+__device__ __forceinline__ void wgmma_m64n128k16(
+    float (&d)[64], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+#if FPQMM_SM90A
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
+      "%15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, "
+      "%29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+      "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
+      "%57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]),
+        "+f"(d[1]),
+        "+f"(d[2]),
+        "+f"(d[3]),
+        "+f"(d[4]),
+        "+f"(d[5]),
+        "+f"(d[6]),
+        "+f"(d[7]),
+        "+f"(d[8]),
+        "+f"(d[9]),
+        "+f"(d[10]),
+        "+f"(d[11]),
+        "+f"(d[12]),
+        "+f"(d[13]),
+        "+f"(d[14]),
+        "+f"(d[15]),
+        "+f"(d[16]),
+        "+f"(d[17]),
+        "+f"(d[18]),
+        "+f"(d[19]),
+        "+f"(d[20]),
+        "+f"(d[21]),
+        "+f"(d[22]),
+        "+f"(d[23]),
+        "+f"(d[24]),
+        "+f"(d[25]),
+        "+f"(d[26]),
+        "+f"(d[27]),
+        "+f"(d[28]),
+        "+f"(d[29]),
+        "+f"(d[30]),
+        "+f"(d[31]),
+        "+f"(d[32]),
+        "+f"(d[33]),
+        "+f"(d[34]),
+        "+f"(d[35]),
+        "+f"(d[36]),
+        "+f"(d[37]),
+        "+f"(d[38]),
+        "+f"(d[39]),
+        "+f"(d[40]),
+        "+f"(d[41]),
+        "+f"(d[42]),
+        "+f"(d[43]),
+        "+f"(d[44]),
+        "+f"(d[45]),
+        "+f"(d[46]),
+        "+f"(d[47]),
+        "+f"(d[48]),
+        "+f"(d[49]),
+        "+f"(d[50]),
+        "+f"(d[51]),
+        "+f"(d[52]),
+        "+f"(d[53]),
+        "+f"(d[54]),
+        "+f"(d[55]),
+        "+f"(d[56]),
+        "+f"(d[57]),
+        "+f"(d[58]),
+        "+f"(d[59]),
+        "+f"(d[60]),
+        "+f"(d[61]),
+        "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]),
+        "r"(a[1]),
+        "r"(a[2]),
+        "r"(a[3]),
+        "l"(b),
+        "r"(int(accumulate)));
+#endif
+}
+
+// An mbarrier that one arrival (with the bytes it expects) and the bulk
+// copies' completed bytes complete, phase by phase.
+__device__ __forceinline__ void barrier_init(uint32_t barrier, int arrivals) {
+#if FPQMM_SM90A
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier),
+               "r"(arrivals)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void barrier_init_fence() {
+#if FPQMM_SM90A
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void barrier_expect(
+    uint32_t barrier, uint32_t bytes) {
+#if FPQMM_SM90A
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier),
+      "r"(bytes)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void barrier_wait(
+    uint32_t barrier, uint32_t parity) {
+#if FPQMM_SM90A
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(barrier),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
+// `bytes` (a multiple of 16) from device memory to shared memory, both
+// 16-byte aligned, by the copy engine; completes on `barrier`.
+__device__ __forceinline__ void bulk_copy(
+    uint32_t to, const void* from, uint32_t bytes, uint32_t barrier) {
+#if FPQMM_SM90A
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+      "[%0], [%1], %2, [%3];\n" ::"r"(to),
+      "l"(from),
+      "r"(bytes),
+      "r"(barrier)
+      : "memory");
+#endif
+}
+
+}  // namespace fpqmm::cuda::sm90
