@@ -135,6 +135,7 @@ def gather_path(
     NK=(2880, 2880),
     mode="mxfp4",
     dtype=mx.float32,
+    device="sm_90",
 ):
     """A gather over `experts` (N, K) experts, mxfp4 (or fp8 with float16 scales):
     x (pairs, M, K) in `dtype`, indices (pairs,)."""
@@ -150,7 +151,7 @@ def gather_path(
         mode=mode,
         rhs_indices=mx.zeros((pairs,), mx.uint32),
         sorted_indices=sorted_indices,
-        device="sm_90",
+        device=device,
         kernel=kernel,
         **extra,
     )
@@ -178,12 +179,32 @@ def test_gather_dequantizes_from_192_rows_an_expert(pairs, expected, sorted_indi
     ],
 )
 def test_bfloat16_gather_takes_block_tiles(pairs, kernel):
-    """bfloat16 x: the grouped runs by fp_qmm_grouped from 8 pairs an expert (runs of
-    64 from 64 an expert), dequantize + gather_mm only from 2048 an expert."""
+    """bfloat16 x before Hopper: the grouped runs by fp_qmm_grouped from 8 pairs an
+    expert (runs of 64 from 64 an expert), dequantize + gather_mm only from 2048 an
+    expert."""
+    plan = gather_path(pairs, dtype=mx.bfloat16, device="sm_80")
+    assert plan["path"] == "grouped", plan["note"]
+    assert plan["kernel"] == kernel
+    plan = gather_path(32 * 2048, dtype=mx.bfloat16, device="sm_80")
+    assert plan["path"] == "dequantize_matmul"
+
+
+@pytest.mark.parametrize(
+    "pairs, kernel",
+    [
+        (32 * 48 - 1, "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x32"),
+        (32 * 48, "fpqmm_qmm_wgmma_grouped_e2m1_e8m0_bfloat16_x128_w256"),
+        (32 * 2048 * 4, "fpqmm_qmm_wgmma_grouped_e2m1_e8m0_bfloat16_x128_w256"),
+    ],
+)
+def test_bfloat16_gather_takes_wgmma_on_hopper(pairs, kernel):
+    """bfloat16 x on sm_90: Hopper's warpgroup MMA over runs of up to 128 pairs from
+    48 pairs an expert, whose x a first launch gathers into tiles; never dequantize +
+    gather_mm by default."""
     plan = gather_path(pairs, dtype=mx.bfloat16)
     assert plan["path"] == "grouped", plan["note"]
     assert plan["kernel"] == kernel
-    assert gather_path(32 * 2048, dtype=mx.bfloat16)["path"] == "dequantize_matmul"
+    assert (plan["x_tiles"] is not None) == ("wgmma" in kernel)
 
 
 @pytest.mark.parametrize(

@@ -185,9 +185,12 @@ def on_hopper():
 
 
 # fp_qmm_wgmma: x rows past M in the last tile of 128, W rows past N in the last
-# block, K split over a small grid, blocks of 256 W rows over a large one.
+# block, K split over a small grid, blocks of 256 W rows over a large one, K with
+# a partial last stage (2912: 22.75 stages of 128 E2M1 codes, 45.5 of 64 E4M3).
 @pytest.mark.parametrize("mode", ALL_MODES)
-@pytest.mark.parametrize("shape", [(200, 136, 512), (128, 256, 8192), (512, 4352, 256)], ids=str)
+@pytest.mark.parametrize(
+    "shape", [(200, 136, 512), (128, 256, 8192), (512, 4352, 256), (130, 136, 2912)], ids=str
+)
 def test_wgmma(mode, shape, monkeypatch):
     """Hopper's warpgroup MMA, forced, against the reference and the CPU path."""
     if not on_hopper():
@@ -328,7 +331,7 @@ def test_gather_sorted_mlx_lm_layout(pairs):
 @pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
 @pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
-@pytest.mark.parametrize("kernel", ["auto", "simple", "dequantize", "grouped", "tiled"])
+@pytest.mark.parametrize("kernel", ["auto", "simple", "dequantize", "grouped", "tiled", "wgmma"])
 def test_gather_sorted_many_rows_each_path(mode, dtype, transpose, kernel, monkeypatch):
     """256 sorted pairs over 8 experts (dequantize + gather_mm by default), the
     last two past the experts: NaN rows, the others against the reference."""
@@ -440,7 +443,7 @@ def test_gather_unsorted_routes_dequantize_request(dtype, monkeypatch):
     assert relative_error(mx.array(y[valid]), reference) < bound(dtype, True)
 
 
-@pytest.mark.parametrize("kernel", ["auto", "simple", "grouped", "tiled"])
+@pytest.mark.parametrize("kernel", ["auto", "simple", "grouped", "tiled", "wgmma"])
 def test_gather_16384_tokens_top_4(kernel, monkeypatch):
     """65,536 sorted pairs: more than a grid axis of the per-pair kernels holds."""
     monkeypatch.setenv("MLX_FPQMM_KERNEL", kernel)

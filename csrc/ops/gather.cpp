@@ -100,7 +100,10 @@ std::optional<mx::array> dequantized_gather(
           group_size,
           transpose,
           sorted_pairs),
-      sorted_pairs);
+      sorted_pairs,
+      stream.device == mx::Device::gpu
+          ? cuda::running_device().value_or(cuda::CudaDevice{})
+          : cuda::CudaDevice{});
   if (!builds_dequantize(stream, [&](cuda::KernelRequest request) {
         return cuda::gather_dequantize_then_matmul(gather, request);
       })) {

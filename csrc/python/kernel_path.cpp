@@ -476,9 +476,8 @@ nb::dict plan_call(
       gather_without_lhs = cuda::gather_rows(
           problem,
           cuda::sorted_pairs(
-              problem.right_sorted,
-              rhs_indices->size(),
-              problem.batch_count()));
+              problem.right_sorted, rhs_indices->size(), problem.batch_count()),
+          *cuda_device);
     }
     result = cuda_plan_dict(problem, gather_without_lhs, *cuda_device, kernel);
   } else {

@@ -35,7 +35,7 @@ std::string_view encoding_name(ScaleEncoding encoding) {
 }
 
 std::string kernel_name(const KernelKey& key) {
-  constexpr std::array<std::string_view, 9> families = {
+  constexpr std::array<std::string_view, 10> families = {
       "qmv",
       "qmv_staged",
       "qvm",
@@ -44,7 +44,8 @@ std::string kernel_name(const KernelKey& key) {
       "qmv_grouped",
       "qmm",
       "qmm_grouped",
-      "qmm_wgmma"};
+      "qmm_wgmma",
+      "qmm_wgmma_grouped"};
   std::string name = "fpqmm_" +
                      std::string(families[static_cast<size_t>(key.family)]) +
                      "_" + std::string(codes_name(key.bits)) + "_" +
@@ -268,11 +269,112 @@ int qmm_x_blocks(int64_t rows, bool grouped) {
   return large ? fc::kQmmLargeXBlocks : fc::kQmmSmallXBlocks;
 }
 
+// fp_qmm_wgmma's tiles of 64 W rows per warpgroup: two (256 rows a block)
+// where those blocks would half fill the GPU, else one (and split K where
+// even those would not). Measured on the H200 (README, "wgmma"), 256 / 128
+// rows: 14336 x 4096, M = 128 (56 blocks of 256) 65.5 / 39.7 us, M = 256
+// (112) 66.3 / 78.2; 4096 x 4096, M = 512 (64) 65.5 / 39.6, M = 1024 (128)
+// 65.8 / 77.2.
+int wgmma_tiles(const QmmProblem& p, const CudaDevice& device) {
+  const int64_t wide_blocks = ceil_div(p.N, fc::wgmma_rows_per_block(2)) *
+                              ceil_div(p.M, fc::kWgmmaXRows);
+  return 2 * wide_blocks >= device.sm_count ? 2 : 1;
+}
+// A split of K takes at least this many stages.
+constexpr int kWgmmaMinSplitStages = 8;
+// fp_wgmma_tile_x_grouped's blocks per SM (its grid loops over the tiles).
+constexpr int kWgmmaTileXBlocksPerSm = 4;
+
+// fp_wgmma_tile_x's tiles of `tiles` blocks of 128 rows of x.
+int64_t wgmma_x_tiles_bytes(const QmmProblem& p, int64_t tiles) {
+  const int bits = format_for(p.mode).bits;
+  return tiles * ceil_div(p.K, fc::wgmma_stage_codes(bits)) *
+         fc::wgmma_x_tile_bytes(bits);
+}
+
+// What fp_qmm_wgmma and fp_qmm_wgmma_grouped need alike, x's tiles taking
+// `x_tiles_bytes` (an array of 32-bit words: 2^31 at most).
+std::string wgmma_common_reason(
+    const QmmProblem& p, const CudaDevice& device, int64_t x_tiles_bytes) {
+  if (device.major != 9) {
+    return "not sm_90 (wgmma is Hopper's)";
+  }
+  if (p.x_type != FloatType::bfloat16) {
+    return std::string(type_name(p.x_type)) + " x";
+  }
+  if (p.N % 8 != 0) {
+    return "N=" + std::to_string(p.N) + " is not a multiple of 8";
+  }
+  if (x_tiles_bytes >= int64_t(1) << 33) {
+    return "x is too large for its tiles";
+  }
+  return tiled_reason(p);
+}
+
 // Whether the grouped path multiplies with fp_qmm_grouped.
 bool grouped_tiled(const QmmProblem& p, KernelRequest request) {
   return tiled_reason(p).empty() &&
          (request == KernelRequest::tiled ||
           p.batch_count() >= int64_t(kTiledGroupRows) * p.w_matrices);
+}
+
+// Whether the grouped path multiplies with fp_qmm_wgmma_grouped (runs of
+// kWgmmaXRows pairs): on sm_90 from kWgmmaGroupRows rows an expert, or on
+// request, where it runs.
+bool grouped_wgmma(
+    const QmmProblem& p, const CudaDevice& device, KernelRequest request) {
+  const int64_t pairs = p.batch_count();
+  const int64_t runs = fc::max_pair_runs(pairs, p.w_matrices, fc::kWgmmaXRows);
+  return wgmma_common_reason(p, device, wgmma_x_tiles_bytes(p, runs)).empty() &&
+         (request == KernelRequest::wgmma ||
+          (request != KernelRequest::tiled &&
+           pairs >= int64_t(kWgmmaGroupRows) * p.w_matrices));
+}
+
+// The grouped path by fp_qmm_wgmma_grouped: fp_group_pairs, fp_wgmma_tile_x
+//_grouped (x's rows of each run in tiles), then a block per tile of W rows
+// and run.
+void plan_grouped_wgmma(
+    const QmmProblem& p,
+    const Format& format,
+    const CudaDevice& device,
+    KernelPlan& plan) {
+  plan.run_rows = fc::kWgmmaXRows;
+  const int64_t runs =
+      fc::max_pair_runs(plan.batch_count, p.w_matrices, plan.run_rows);
+  plan.max_runs = static_cast<int>(runs);
+  plan.key = KernelKey{
+      KernelFamily::qmm_wgmma_grouped,
+      format.bits,
+      scale_encoding(p.mode, p.scale_type),
+      p.x_type,
+      fc::kWgmmaXRows / fc::kXBlockRows};
+  // Blocks of 256 W rows: at kWgmmaGroupRows pairs an expert or more, the
+  // runs make enough blocks (and one kernel fewer to build).
+  plan.key.w_tiles = 2;
+  plan.main = Launch{
+      kernel_name(plan.key),
+      {static_cast<int>(
+           ceil_div(p.N, fc::wgmma_rows_per_block(plan.key.w_tiles))),
+       static_cast<int>(std::min<int64_t>(runs, kMaxGridYZ)),
+       1},
+      {fc::kWgmmaThreads, 1, 1},
+      fc::wgmma_shared_bytes(format.bits, plan.key.w_tiles)};
+  plan.grouping = Launch{
+      "fpqmm_group_pairs",
+      {1, 1, 1},
+      {fc::kGroupThreads, 1, 1},
+      fc::kGroupSharedBytes};
+  plan.grouping_bytes = fc::grouping_scratch_bytes(runs, plan.batch_count);
+  plan.x_tiles = grid_stride_launch(
+      "fpqmm_wgmma_tile_x_grouped_" + std::string(codes_name(format.bits)),
+      runs * ceil_div(p.K, fc::wgmma_stage_codes(format.bits)) *
+          fc::kWgmmaTileXThreads,
+      fc::kWgmmaTileXThreads,
+      kWgmmaTileXBlocksPerSm,
+      device);
+  plan.x_tiles_bytes = wgmma_x_tiles_bytes(p, runs);
+  plan.split_k_step = p.K;
 }
 
 // The grouped path's launches and scratch: fp_group_pairs, then a block of
@@ -317,20 +419,6 @@ bool grouped_by_default(int64_t pairs, const std::string& why_not) {
   return pairs >= kGroupedMinPairs && why_not.empty();
 }
 
-// fp_qmm_wgmma's tiles of 64 W rows per warpgroup: two (256 rows a block)
-// where those blocks would half fill the GPU, else one (and split K where
-// even those would not). Measured on the H200 (README, "wgmma"), 256 / 128
-// rows: 14336 x 4096, M = 128 (56 blocks of 256) 65.5 / 39.7 us, M = 256
-// (112) 66.3 / 78.2; 4096 x 4096, M = 512 (64) 65.5 / 39.6, M = 1024 (128)
-// 65.8 / 77.2.
-int wgmma_tiles(const QmmProblem& p, const CudaDevice& device) {
-  const int64_t wide_blocks = ceil_div(p.N, fc::wgmma_rows_per_block(2)) *
-                              ceil_div(p.M, fc::kWgmmaXRows);
-  return 2 * wide_blocks >= device.sm_count ? 2 : 1;
-}
-// A split of K takes at least this many stages.
-constexpr int kWgmmaMinSplitStages = 8;
-
 }  // namespace
 
 std::string tiled_reason(const QmmProblem& p) {
@@ -353,32 +441,14 @@ bool grouped_gather(const QmmProblem& problem) {
 }
 
 std::string wgmma_reason(const QmmProblem& p, const CudaDevice& device) {
-  if (device.major != 9) {
-    return "not sm_90 (wgmma is Hopper's)";
-  }
   if (p.gather) {
-    return "a gather";
+    return "a gather (the grouped path's)";
   }
   if (p.batch_count() != 1) {
     return "more than one matrix of W or x";
   }
-  if (p.x_type != FloatType::bfloat16) {
-    return std::string(type_name(p.x_type)) + " x";
-  }
-  const int stage = fc::wgmma_stage_codes(format_for(p.mode).bits);
-  if (p.K % stage != 0) {
-    return "K=" + std::to_string(p.K) + " is not a multiple of " +
-           std::to_string(stage);
-  }
-  if (p.N % 8 != 0) {
-    return "N=" + std::to_string(p.N) + " is not a multiple of 8";
-  }
-  // x laid out in tiles: an array of 32-bit words, 2^31 at most.
-  if (ceil_div(p.M, fc::kWgmmaXRows) * fc::kWgmmaXRows * int64_t(p.K) >=
-      int64_t(1) << 32) {
-    return "x is too large for its tiles";
-  }
-  return tiled_reason(p);
+  return wgmma_common_reason(
+      p, device, wgmma_x_tiles_bytes(p, ceil_div(p.M, fc::kWgmmaXRows)));
 }
 
 std::string_view path_name(KernelPath path) {
@@ -404,7 +474,8 @@ bool dequantize_then_matmul(
           problem.M > primitive_rows(problem, device));
 }
 
-GatherRows gather_rows(const QmmProblem& p, bool sorted_pairs) {
+GatherRows gather_rows(
+    const QmmProblem& p, bool sorted_pairs, const CudaDevice& device) {
   constexpr int64_t k2to31 = int64_t(1) << 31;
   constexpr int64_t k2to32 = int64_t(1) << 32;
   const int64_t pairs = p.batch_count();
@@ -426,7 +497,8 @@ GatherRows gather_rows(const QmmProblem& p, bool sorted_pairs) {
       pairs <= kMaxGridZ && pairs * M * N < k2to31 &&
           p.x_matrices * M * K < k2to32 && experts * N * K < k2to32,
       grouped_path,
-      grouped_path && grouped_tiled(p, KernelRequest::automatic)};
+      grouped_path && grouped_tiled(p, KernelRequest::automatic),
+      grouped_path && grouped_wgmma(p, device, KernelRequest::automatic)};
 }
 
 bool gather_dequantize_then_matmul(
@@ -437,7 +509,7 @@ bool gather_dequantize_then_matmul(
   const bool automatic =
       request == KernelRequest::automatic ||
       (request == KernelRequest::grouped && !gather.grouped_path);
-  return automatic && gather.grouped &&
+  return automatic && gather.grouped && !gather.wgmma &&
          gather.rows >= gather_rows_per_expert(gather) * gather.experts;
 }
 
@@ -541,13 +613,16 @@ KernelPlan plan(
       grouped_reason(p, format, plan.batch_count);
   const std::string why_not_tiled = tiled_reason(p);
   const std::string why_not_wgmma = wgmma_reason(p, device);
-  const bool grouped_requested = request == KernelRequest::grouped ||
-                                 (request == KernelRequest::tiled && p.gather);
+  const bool grouped_requested =
+      request == KernelRequest::grouped ||
+      ((request == KernelRequest::tiled || request == KernelRequest::wgmma) &&
+       p.gather);
   if (grouped_requested
           ? why_not_grouped.empty()
           : request == KernelRequest::automatic &&
                 grouped_by_default(plan.batch_count, why_not_grouped)) {
-    const bool tiled = grouped_tiled(p, request);
+    const bool wgmma = grouped_wgmma(p, device, request);
+    const bool tiled = !wgmma && grouped_tiled(p, request);
     plan.path = KernelPath::grouped;
     plan.note = grouped_requested
                     ? std::string(request_name(request)) + " requested"
@@ -555,9 +630,15 @@ KernelPlan plan(
                           " pairs of one row (at least " +
                           std::to_string(kGroupedMinPairs) +
                           "): grouped by expert";
-    plan_grouped(p, format, tiled, plan);
+    if (wgmma) {
+      plan_grouped_wgmma(p, format, device, plan);
+    } else {
+      plan_grouped(p, format, tiled, plan);
+    }
     plan.note += ", W read once per run of " + std::to_string(plan.run_rows) +
-                 (tiled ? " by fp_qmm_grouped" : "");
+                 (wgmma   ? " by fp_qmm_wgmma_grouped"
+                  : tiled ? " by fp_qmm_grouped"
+                          : "");
     return plan;
   }
   switch (request) {
@@ -684,12 +765,12 @@ KernelPlan plan(
       plan.x_tiles = Launch{
           "fpqmm_wgmma_tile_x_" + std::string(codes_name(format.bits)),
           {static_cast<int>(
-               m_blocks * (p.K / fc::wgmma_stage_codes(format.bits))),
+               m_blocks * ceil_div(p.K, fc::wgmma_stage_codes(format.bits))),
            1,
            1},
           {fc::kWgmmaTileXThreads, 1, 1},
           0};
-      plan.x_tiles_bytes = m_blocks * fc::kWgmmaXRows * int64_t(p.K) * 2;
+      plan.x_tiles_bytes = wgmma_x_tiles_bytes(p, m_blocks);
       break;
     case KernelFamily::qmm:
       column_blocks = ceil_div(p.N, fc::kQmmRowsPerBlock);

@@ -112,6 +112,14 @@ inline constexpr int64_t kGroupedMinPairs = 8;
 // 111.3 / 111.4 us; 128 tokens (16) fp_qmm_grouped 119.5, fp_qmv_grouped
 // 186.5 in an earlier session's run (not side by side).
 inline constexpr int kTiledGroupRows = 8;
+// ... and with fp_qmm_wgmma_grouped (runs of up to 128 pairs) from this
+// many on sm_90 where it runs (bfloat16 x). Measured on the H200 (README),
+// 32 experts of 2880 x 2880, kernels alone, fp_qmm_grouped /
+// fp_qmm_wgmma_grouped: 128 tokens (16 pairs an expert) 121.2 / 192.6 us,
+// 512 tokens (64) 263.9 / 181.8; between them not measured. Where it runs,
+// the op never takes dequantize + gather_mm by default: fp_qmm_wgmma_grouped
+// was 3.8-4.5x faster at 2,048 and 8,192 tokens.
+inline constexpr int kWgmmaGroupRows = 48;
 
 // Whether the op multiplies the M rows of x per W matrix of `problem` (not
 // a gather) by dequantize + matmul rather than with the primitive: above
@@ -142,12 +150,17 @@ struct GatherRows {
   bool other_kernels;   // MLX's other gather_mm kernels take it
   bool grouped_path;    // our grouped path would take it (else per pair)
   bool tiled;           // ... with fp_qmm_grouped
+  bool wgmma;           // ... with fp_qmm_wgmma_grouped (never dequantized)
 };
 // The gather `problem` (the primitive's, x row-contiguous and 16-byte
 // aligned unless its pointer_alignment says otherwise) as that choice sees
 // it. sorted_pairs: the caller says the pairs' indices are sorted (sorted
 // indices that no broadcast repeats).
-GatherRows gather_rows(const QmmProblem& problem, bool sorted_pairs);
+// `device`: the GPU (by default none that runs fp_qmm_wgmma_grouped).
+GatherRows gather_rows(
+    const QmmProblem& problem,
+    bool sorted_pairs,
+    const CudaDevice& device = {});
 // Sorted rhs_indices make sorted pairs unless a broadcast repeats them:
 // `rhs_given` indices were given for `pairs` pairs.
 inline bool sorted_pairs(bool right_sorted, int64_t rhs_given, int64_t pairs) {
@@ -206,8 +219,9 @@ KernelRequest kernel_request_from_env();
 // thread block cluster, sm_90), fp_qmv_grouped<T, bits, encoding> (x_blocks
 // kMaxXBlocks), fp_qmm<T, bits, encoding> and fp_qmm_grouped<T, bits,
 // encoding> (x_blocks kQmmSmallXBlocks or kQmmLargeXBlocks; T bfloat16 or
-// float16), fp_qmm_wgmma<bits, encoding, w_tiles> (bfloat16 x; x_blocks
-// kWgmmaXRows / 8, w_tiles 1 or 2) or FpDequantize's
+// float16), fp_qmm_wgmma<bits, encoding, w_tiles> (w_tiles 1 or 2) and
+// fp_qmm_wgmma_grouped<bits, encoding, 2> (bfloat16 x; x_blocks
+// kWgmmaXRows / 8) or FpDequantize's
 // fp_dequantize<T, bits, encoding> (T the output's type, x_blocks 0).
 enum class KernelFamily {
   qmv,
@@ -218,7 +232,8 @@ enum class KernelFamily {
   qmv_grouped,
   qmm,
   qmm_grouped,
-  qmm_wgmma
+  qmm_wgmma,
+  qmm_wgmma_grouped
 };
 
 struct KernelKey {

@@ -260,7 +260,10 @@ void run(
     args.x_tiles = mx::gpu_ptr<void>(tiles);
     encoder.set_output_array(tiles);
     add_launch(
-        encoder, *plan.x_tiles, fc::wgmma_tile_x_kernel(plan.key.bits), args);
+        encoder,
+        *plan.x_tiles,
+        fc::wgmma_tile_x_kernel(plan.key.bits, plan.grouping.has_value()),
+        args);
     encoder.set_input_array(tiles);
   }
   if (!plan.reduction) {

@@ -69,7 +69,12 @@ const void* strided_copy_kernel(int itemsize) {
   throw std::invalid_argument("[cuda] no copy kernel for this element size.");
 }
 
-const void* wgmma_tile_x_kernel(int bits) {
+const void* wgmma_tile_x_kernel(int bits, bool grouped) {
+  if (grouped) {
+    return bits == 4
+               ? reinterpret_cast<const void*>(&fp_wgmma_tile_x_grouped<4>)
+               : reinterpret_cast<const void*>(&fp_wgmma_tile_x_grouped<8>);
+  }
   return bits == 4 ? reinterpret_cast<const void*>(&fp_wgmma_tile_x<4>)
                    : reinterpret_cast<const void*>(&fp_wgmma_tile_x<8>);
 }

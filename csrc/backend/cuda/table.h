@@ -12,8 +12,9 @@ namespace fpqmm::cuda {
 const void* main_kernel(const mlx_fpqmm::cuda::KernelKey& key);
 const void* split_k_sum_kernel(mlx_fpqmm::FloatType type);
 const void* group_pairs_kernel();
-// fp_wgmma_tile_x for `bits`-wide codes (KernelPlan::x_tiles).
-const void* wgmma_tile_x_kernel(int bits);
+// fp_wgmma_tile_x (or, for the grouped gather, fp_wgmma_tile_x_grouped)
+// for `bits`-wide codes (KernelPlan::x_tiles).
+const void* wgmma_tile_x_kernel(int bits, bool grouped);
 // fp_strided_copy for elements of `itemsize` bytes (2 or 4).
 const void* strided_copy_kernel(int itemsize);
 

@@ -223,7 +223,7 @@ __device__ __forceinline__ void transposed_grid(
 }
 
 // The runs of fp_group_pairs that a block of the grouped kernels takes
-// (grid y walks them): body(op, rows, count) multiplies a run's `count`
+// (grid y walks them): body(op, rows, count, r) multiplies run r's `count`
 // rows of x, gathered (`rows`), by its expert's matrices `op`.
 template <typename T, int bits, int encoding, typename Body>
 __device__ __forceinline__ void grouped_runs(const QmmArgs& args, Body&& body) {
@@ -242,7 +242,7 @@ __device__ __forceinline__ void grouped_runs(const QmmArgs& args, Body&& body) {
         args.pair_order + run.first,
         args.lhs_indices,
         uint32_t(args.x_matrices)};
-    body(op, rows, int(run.count));
+    body(op, rows, int(run.count), r);
     __syncthreads();
   }
 }

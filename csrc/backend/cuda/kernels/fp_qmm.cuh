@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kQmmThreads, qmm_min_blocks(x_blocks))
   auto* shared = reinterpret_cast<uint8_t*>(shared_words);
   const int n0 = blockIdx.x * kQmmRowsPerBlock;
   grouped_runs<T, bits, encoding>(
-      args, [&](const auto& op, const GatheredRows& rows, int count) {
+      args, [&](const auto& op, const GatheredRows& rows, int count, uint32_t) {
         fp_qmm_impl<T, bits, encoding, x_blocks>(
             args,
             op,

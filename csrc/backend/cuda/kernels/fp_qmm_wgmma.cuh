@@ -41,30 +41,30 @@ struct WgmmaXTile {
   static constexpr int lbo = 128;            // next core matrix along K
 };
 
-// x (M x K bfloat16, row-contiguous) into args.x_tiles: tile (m block b,
-// stage s) at (b * K / codes + s) * bytes, rows past M zero. A block per
-// tile: its rows' values are read whole into shared memory, then each
-// thread writes units in the tile's order.
+// The stages of K (the last one partial where K is not a multiple).
 template <int bits>
-__global__ void __launch_bounds__(kWgmmaTileXThreads)
-    fp_wgmma_tile_x(const QmmArgs args) {
+__host__ __device__ constexpr int wgmma_stage_count(int K) {
+  return (K + wgmma_stage_codes(bits) - 1) / wgmma_stage_codes(bits);
+}
+
+// One tile of x (K values a row, bfloat16) at `out`: the stage from code k0
+// of the 128 rows that x_row(m) names (-1: a row of zeros), values past K
+// zero. Every thread of the block calls it: the rows' values are read whole
+// into shared memory, then each thread writes units in the tile's order.
+template <int bits, typename XRow>
+__device__ __forceinline__ void wgmma_tile_x_impl(
+    const __nv_bfloat16* x, int K, int k0, XRow&& x_row, uint4* out) {
   using Tile = WgmmaXTile<bits>;
   __shared__ uint4 rows[Tile::units];
-  const int stage_count = args.K / Tile::codes;
-  const int m_block = blockIdx.x / stage_count;
-  const int k0 = blockIdx.x % stage_count * Tile::codes;
-  const auto* x = static_cast<const __nv_bfloat16*>(args.x);
   for (int u = threadIdx.x; u < Tile::units; u += blockDim.x) {
-    const int m = m_block * kWgmmaXRows + u / Tile::row_units;
-    rows[u] = m < args.M
-                  ? *reinterpret_cast<const uint4*>(
-                        x + int64_t(m) * args.K + k0 + u % Tile::row_units * 8)
+    const int64_t row = x_row(u / Tile::row_units);
+    const int k = k0 + u % Tile::row_units * 8;
+    rows[u] = row >= 0 && k < K
+                  ? *reinterpret_cast<const uint4*>(x + row * K + k)
                   : uint4{0, 0, 0, 0};
   }
   __syncthreads();
   const auto* values = reinterpret_cast<const __nv_bfloat16*>(rows);
-  auto* out =
-      static_cast<uint4*>(args.x_tiles) + int64_t(blockIdx.x) * Tile::units;
   for (int u = threadIdx.x; u < Tile::units; u += blockDim.x) {
     const int row = 8 * (u / (8 * Tile::row_units)) + u % 8;
     const int column = u / 8 % Tile::row_units;
@@ -79,26 +79,75 @@ __global__ void __launch_bounds__(kWgmmaTileXThreads)
   }
 }
 
+// x (M x K, row-contiguous) into args.x_tiles: tile (m block b, stage s) at
+// (b * stage count + s) * bytes, rows past M zero; a block per tile.
+template <int bits>
+__global__ void __launch_bounds__(kWgmmaTileXThreads)
+    fp_wgmma_tile_x(const QmmArgs args) {
+  using Tile = WgmmaXTile<bits>;
+  const int stage_count = wgmma_stage_count<bits>(args.K);
+  const int m0 = blockIdx.x / stage_count * kWgmmaXRows;
+  wgmma_tile_x_impl<bits>(
+      static_cast<const __nv_bfloat16*>(args.x),
+      args.K,
+      blockIdx.x % stage_count * Tile::codes,
+      [&](int m) { return m0 + m < args.M ? int64_t(m0 + m) : int64_t(-1); },
+      static_cast<uint4*>(args.x_tiles) + int64_t(blockIdx.x) * Tile::units);
+}
+
+// The grouped gather's x (pairs of one row) into args.x_tiles: run r's rows
+// (fp_group_pairs's runs of up to 128 pairs), gathered, as the tiles of m
+// block r; rows past the run's pairs, and pairs whose x index is out of
+// range, zero. A block per tile (the grid's x loops past the runs' count).
+template <int bits>
+__global__ void __launch_bounds__(kWgmmaTileXThreads)
+    fp_wgmma_tile_x_grouped(const QmmArgs args) {
+  using Tile = WgmmaXTile<bits>;
+  const int stage_count = wgmma_stage_count<bits>(args.K);
+  const uint32_t runs = *args.run_count;
+  for (int64_t tile = blockIdx.x; tile < int64_t(runs) * stage_count;
+       tile += gridDim.x) {
+    const PairRun run = args.pair_runs[tile / stage_count];
+    wgmma_tile_x_impl<bits>(
+        static_cast<const __nv_bfloat16*>(args.x),
+        args.K,
+        int(tile % stage_count) * Tile::codes,
+        [&](int m) {
+          const GatheredRows rows{
+              args.pair_order + run.first,
+              args.lhs_indices,
+              uint32_t(args.x_matrices)};
+          return m < int(run.count) && rows.valid(m) ? rows.x(m) : int64_t(-1);
+        },
+        static_cast<uint4*>(args.x_tiles) + tile * Tile::units);
+    __syncthreads();
+  }
+}
+
 // wgmma steps in flight, each with its A fragments in registers.
 inline constexpr int kWgmmaInFlight = 2;
 
 // W rows [n0, n0 + wgmma_rows_per_block(tiles)) times x rows [m0, m0 + 128)
-// over K range [k_begin, k_end) (multiples of the stage) of one product;
-// every thread of the block calls it. `ring` counts the stages that earlier
-// calls of the block passed through the shared-memory ring (the mbarriers'
-// phases).
-template <int bits, int encoding, int tiles>
+// of M (x's tiles: those of m block x_tile) over K range [k_begin, k_end)
+// (k_begin a multiple of the stage) of one product; every thread of the
+// block calls it. `ring` counts the stages that earlier calls of the block
+// passed through the shared-memory ring (the mbarriers' phases); `rows`
+// says where y's rows are (and which are NaN).
+template <int bits, int encoding, int tiles, typename Rows = ContiguousRows>
 __device__ __forceinline__ void fp_qmm_wgmma_impl(
     const QmmArgs& args,
     const Operands<__nv_bfloat16, encoding>& op,
     uint8_t* shared,
     int& ring,
+    int64_t x_tile,
+    int M,
     int m0,
     int n0,
     int k_begin,
     int k_end,
     __nv_bfloat16* y,
-    float* partials) {
+    float* partials,
+    const Rows& rows = {}) {
   using T = __nv_bfloat16;
   using S = typename ScaleStorage<encoding>::type;
   using Tile = WgmmaXTile<bits>;
@@ -126,10 +175,10 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   const int64_t w_row_bytes = int64_t(K) * bits / 8;
   const int64_t scales_per_row = K >> group_shift;
   const int first_stage = k_begin / codes;
-  const int stage_count = (k_end - k_begin) / codes;
+  const int stage_count = op.valid ? (k_end - k_begin + codes - 1) / codes : 0;
   const auto* w_bytes = reinterpret_cast<const uint8_t*>(op.w);
   const auto* x_tiles = static_cast<const uint8_t*>(args.x_tiles) +
-                        int64_t(m0 / kWgmmaXRows) * (K / codes) * Tile::bytes;
+                        x_tile * wgmma_stage_count<bits>(K) * Tile::bytes;
   const uint32_t barriers = sm90::shared_address(shared + stages * stage_bytes);
 
   // This lane's W rows in the block: tile i, half h.
@@ -140,7 +189,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   auto slot_of = [&](int s) { return (ring + s) % stages; };
 
   // Stage s's x tile (one bulk copy) and rows of W (a 16-byte unit each per
-  // thread and copy, rows past N zero).
+  // thread and copy, rows past N and codes past k_end zero).
   auto issue = [&](int s) {
     const int slot = slot_of(s);
     uint8_t* at = shared + slot * stage_bytes;
@@ -153,20 +202,22 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
           Tile::bytes,
           barrier);
     }
-    const int64_t k_byte = int64_t(k_begin + s * codes) * bits / 8;
 #pragma unroll
     for (int c = 0; c < block_rows * 4 / kWgmmaThreads; ++c) {
       const int u = threadIdx.x + c * kWgmmaThreads;
       const int n = n0 + u / 4;
-      const bool in = n < N;
+      const int k = k_begin + s * codes + u % 4 * lane_codes;
+      const bool in = n < N && k < k_end;
       copy_async<16>(
           at + Tile::bytes + 16 * u,
-          in ? w_bytes + n * w_row_bytes + k_byte + u % 4 * 16 : w_bytes,
+          in ? w_bytes + n * w_row_bytes + k * bits / 8 : w_bytes,
           in ? 16 : 0);
     }
   };
 
-  // The scales of this lane's codes of stage s, loaded a stage ahead.
+  // The scales of this lane's codes of stage s, loaded a stage ahead; zero
+  // past k_end, where the codes are zero (a lane's codes are all in or all
+  // out: rows of W are whole 16-byte vectors).
   S stored[tiles][2][groups];
   auto load_scales = [&](int s) {
     const int k = k_begin + s * codes + lane.thread * lane_codes;
@@ -178,9 +229,10 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
 #pragma unroll
         for (int g = 0; g < groups; ++g) {
           stored[i][h][g] =
-              op.scales
-                  [n * scales_per_row +
-                   ((k + g * lane_codes / groups) >> group_shift)];
+              k < k_end ? op.scales
+                              [n * scales_per_row +
+                               ((k + g * lane_codes / groups) >> group_shift)]
+                        : S{};
         }
       }
     }
@@ -322,22 +374,25 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   __syncthreads();
 
   // Accumulator e of tile i: W row w_row(i, e % 4 / 2), x row e / 4 * 8 +
-  // 2 t + e % 2 of the block.
+  // 2 t + e % 2 of the block (NaN where W's index was out of range).
   const float factor = op.factor * power_of_two(scale_shift<encoding>());
+  auto total = [&](int i, int e) {
+    return op.valid ? acc[i][e] * factor : quiet_nan();
+  };
   if (partials) {
 #pragma unroll
     for (int i = 0; i < tiles; ++i) {
 #pragma unroll
       for (int e = 0; e < accumulators; ++e) {
         store_output(
-            acc[i][e] * factor,
+            total(i, e),
             m0 + e / 4 * 8 + 2 * lane.thread + e % 2,
             n0 + w_row(i, e % 4 / 2),
-            args.M,
+            M,
             N,
             y,
             partials,
-            ContiguousRows{});
+            rows);
       }
     }
     return;
@@ -351,7 +406,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
 #pragma unroll
     for (int e = 0; e < accumulators; ++e) {
       out[(e / 4 * 8 + 2 * lane.thread + e % 2) * (pitch / 2) +
-          w_row(i, e % 4 / 2)] = static_cast<T>(acc[i][e] * factor);
+          w_row(i, e % 4 / 2)] = static_cast<T>(total(i, e));
     }
   }
   __syncthreads();
@@ -359,20 +414,22 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   for (int u = threadIdx.x; u < kWgmmaXRows * row_units; u += kWgmmaThreads) {
     const int m = u / row_units;
     const int n = u % row_units * 8;
-    if (m0 + m < args.M && n0 + n < N) {
-      *reinterpret_cast<uint4*>(y + int64_t(m0 + m) * N + n0 + n) =
-          *reinterpret_cast<const uint4*>(
-              reinterpret_cast<const uint8_t*>(out) + m * pitch + n * 2);
+    if (m0 + m < M && n0 + n < N) {
+      const __nv_bfloat162 nan = __float2bfloat162_rn(quiet_nan());
+      const uint4 nans = {
+          bits_of(nan), bits_of(nan), bits_of(nan), bits_of(nan)};
+      *reinterpret_cast<uint4*>(y + rows.y(m0 + m) * N + n0 + n) =
+          rows.valid(m0 + m)
+              ? *reinterpret_cast<const uint4*>(
+                    reinterpret_cast<const uint8_t*>(out) + m * pitch + n * 2)
+              : nans;
     }
   }
 }
 
-template <int bits, int encoding, int tiles>
-__global__ void __launch_bounds__(kWgmmaThreads, 1)
-    fp_qmm_wgmma(const QmmArgs args) {
-#if FPQMM_SM90A
-  extern __shared__ uint4 shared_words[];
-  auto* shared = reinterpret_cast<uint8_t*>(shared_words);
+// The block's mbarriers (one a slot of the ring), before its first stage.
+template <int bits, int tiles>
+__device__ __forceinline__ void init_wgmma_barriers(uint8_t* shared) {
   constexpr int stages = wgmma_stages(bits, tiles);
   if (threadIdx.x == 0) {
     const uint32_t barriers =
@@ -383,6 +440,15 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
     sm90::barrier_init_fence();
   }
   __syncthreads();
+}
+
+template <int bits, int encoding, int tiles>
+__global__ void __launch_bounds__(kWgmmaThreads, 1)
+    fp_qmm_wgmma(const QmmArgs args) {
+#if FPQMM_SM90A
+  extern __shared__ uint4 shared_words[];
+  auto* shared = reinterpret_cast<uint8_t*>(shared_words);
+  init_wgmma_barriers<bits, tiles>(shared);
   int ring = 0;
   transposed_grid<__nv_bfloat16, bits, encoding, kWgmmaXRows / kXBlockRows>(
       args,
@@ -395,10 +461,56 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
           __nv_bfloat16* y,
           float* partials) {
         fp_qmm_wgmma_impl<bits, encoding, tiles>(
-            args, op, shared, ring, m0, n0, k_begin, k_end, y, partials);
+            args,
+            op,
+            shared,
+            ring,
+            m0 / kWgmmaXRows,
+            args.M,
+            m0,
+            n0,
+            k_begin,
+            k_end,
+            y,
+            partials);
       });
 #else
   // wgmma is sm_90a's: the plan takes this kernel only there.
+  __trap();
+#endif
+}
+
+// fp_qmm_wgmma over the runs of fp_group_pairs (grid y walks them), whose x
+// fp_wgmma_tile_x_grouped has gathered into tiles: each block multiplies a
+// run's rows of x by its expert's rows of W.
+template <int bits, int encoding, int tiles>
+__global__ void __launch_bounds__(kWgmmaThreads, 1)
+    fp_qmm_wgmma_grouped(const QmmArgs args) {
+#if FPQMM_SM90A
+  extern __shared__ uint4 shared_words[];
+  auto* shared = reinterpret_cast<uint8_t*>(shared_words);
+  init_wgmma_barriers<bits, tiles>(shared);
+  int ring = 0;
+  const int n0 = blockIdx.x * wgmma_rows_per_block(tiles);
+  grouped_runs<__nv_bfloat16, bits, encoding>(
+      args,
+      [&](const auto& op, const GatheredRows& rows, int count, uint32_t run) {
+        fp_qmm_wgmma_impl<bits, encoding, tiles>(
+            args,
+            op,
+            shared,
+            ring,
+            run,
+            count,
+            0,
+            n0,
+            0,
+            args.K,
+            static_cast<__nv_bfloat16*>(args.y),
+            nullptr,
+            rows);
+      });
+#else
   __trap();
 #endif
 }

@@ -471,7 +471,7 @@ __global__ void __launch_bounds__(
   const int n0 =
       blockIdx.x * qmv_rows_per_block(std::is_same_v<T, __nv_bfloat16>);
   grouped_runs<T, bits, encoding>(
-      args, [&](const auto& op, const GatheredRows& rows, int count) {
+      args, [&](const auto& op, const GatheredRows& rows, int count, uint32_t) {
         fp_qmv_impl<T, bits, encoding, kMaxXBlocks, false>(
             args,
             op,

@@ -45,8 +45,19 @@ void with_qmm_x_blocks(int x_blocks, F&& f) {
   }
 }
 
+// fp_qmm_wgmma's tiles of 64 W rows per warpgroup: 1 or 2.
+template <typename F>
+void with_wgmma_tiles(int tiles, F&& f) {
+  if (tiles == 1) {
+    f(Int<1>{});
+  } else if (tiles == 2) {
+    f(Int<2>{});
+  }
+}
+
 // fp_qmv, fp_qmv_cluster, fp_qmv_grouped, fp_qmv_staged, fp_qvm, fp_qmm,
-// fp_qmm_grouped, fp_qmm_wgmma or fp_dequantize for `key` (of x type T and
+// fp_qmm_grouped, fp_qmm_wgmma(_grouped) or fp_dequantize for `key` (of x
+// type T and
 // `bits`-wide codes); null for E4M3 scales with E4M3 codes, which no format
 // has, for fp_qmm with float32 x and for fp_qmm_wgmma with other than
 // bfloat16 x.
@@ -95,11 +106,17 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
           }
           break;
         case KernelFamily::qmm_wgmma:
+        case KernelFamily::qmm_wgmma_grouped:
           if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-            kernel = key.w_tiles == 1 ? reinterpret_cast<const void*>(
-                                            &fp_qmm_wgmma<bits, encoding, 1>)
-                                      : reinterpret_cast<const void*>(
-                                            &fp_qmm_wgmma<bits, encoding, 2>);
+            if (key.family == KernelFamily::qmm_wgmma_grouped) {
+              kernel = reinterpret_cast<const void*>(
+                  &fp_qmm_wgmma_grouped<bits, encoding, 2>);
+            } else {
+              with_wgmma_tiles(key.w_tiles, [&](auto tiles) {
+                kernel = reinterpret_cast<const void*>(
+                    &fp_qmm_wgmma<bits, encoding, tiles>);
+              });
+            }
           }
           break;
         case KernelFamily::qmv_cluster:

@@ -403,7 +403,8 @@ void run_plan(const cu::KernelPlan& plan, const QmmProblem& problem,
   }
   if (plan.x_tiles) {
     args.x_tiles = d.x_tiles;
-    launch(*plan.x_tiles, fc::wgmma_tile_x_kernel(plan.key.bits), args, stream);
+    launch(*plan.x_tiles, fc::wgmma_tile_x_kernel(plan.key.bits, plan.grouping.has_value()),
+           args, stream);
   }
   launch(plan.main, fc::main_kernel(plan.key), args, stream);
   if (plan.reduction) {
@@ -458,7 +459,8 @@ bool run_case(const Case& c, std::mt19937& rng) {
                           plan.key.family == cu::KernelFamily::qmv_grouped ||
                           plan.key.family == cu::KernelFamily::qmm ||
                           plan.key.family == cu::KernelFamily::qmm_grouped ||
-                          plan.key.family == cu::KernelFamily::qmm_wgmma) &&
+                          plan.key.family == cu::KernelFamily::qmm_wgmma ||
+                          plan.key.family == cu::KernelFamily::qmm_wgmma_grouped) &&
       encoding != ScaleEncoding::e8m0 && encoding != ScaleEncoding::e4m3;
   const double term_eps = rounded_w ? 0x1p-8
       : c.x_type == FloatType::float32 ? 0x1p-15
@@ -652,6 +654,27 @@ std::vector<Case> test_cases() {
       c.global_scale = m.mode == Mode::nvfp4;
       c.request = cu::KernelRequest::wgmma;
       cases.push_back(c);
+    }
+    // K with a partial last stage (128 E2M1 or 64 E4M3 codes a stage), and
+    // the grouped gather: several runs of 128 pairs an expert.
+    const int K = m.group_size == 64 ? 2880 : 2912;
+    Case partial{name(m, "bf16", true, 200, 136, K, " wgmma"), m.mode,
+                 m.group_size, FloatType::bfloat16, m.scale_type, true, 200, 136, K};
+    partial.global_scale = m.mode == Mode::nvfp4;
+    partial.request = cu::KernelRequest::wgmma;
+    cases.push_back(partial);
+    for (auto style : {Case::Indices::random, Case::Indices::sorted,
+                       Case::Indices::out_of_range}) {
+      Case g{name(m, "bf16", true, 1, 136, K, " gather wgmma " +
+                  std::to_string(int(style))), m.mode, m.group_size,
+             FloatType::bfloat16, m.scale_type, true, 1, 136, K};
+      g.pairs = 600;
+      g.x_matrices = style == Case::Indices::sorted ? 600 : 50;
+      g.w_matrices = 2;
+      g.indices = style;
+      g.global_scale = m.mode == Mode::nvfp4;
+      g.request = cu::KernelRequest::wgmma;
+      cases.push_back(g);
     }
   }
   // The simple path forced on a decode shape, the decode path on M > 16.
@@ -921,7 +944,8 @@ void bench(const std::string& only) {
       distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
       const std::string label = "gather mxfp4 32x2880^2 top4 T=" + std::to_string(tokens) +
           (sorted ? " sorted" : "");
-      for (auto request : {cu::KernelRequest::grouped, cu::KernelRequest::tiled}) {
+      for (auto request : {cu::KernelRequest::grouped, cu::KernelRequest::tiled,
+                           cu::KernelRequest::wgmma}) {
         run_dense(label + " " + std::string(cu::request_name(request)), p, &lhs, &rhs,
                   wb * int64_t(distinct.size()), sb * int64_t(distinct.size()), wb * 32,
                   sb * 32, {}, request);

@@ -402,6 +402,13 @@ int main() {
           small_grid.reduction &&
           small_grid.x_tiles_bytes == int64_t(128) * 14336 * 2,
       "wgmma 128 rows, split K: " + small_grid.main.kernel);
+  auto partial_stage =
+      auto_plan(problem(Mode::mxfp8, true, 256, 4096, 4128), h200);
+  check(
+      partial_stage.path == cu::KernelPath::wgmma &&
+          partial_stage.x_tiles_bytes == int64_t(2) * 65 * 16384 &&
+          partial_stage.x_tiles->grid[0] == 2 * 65,
+      "wgmma: K with a partial stage");
   auto odd_m = auto_plan(problem(Mode::nvfp4, true, 200, 4096, 4096), h200);
   check(
       odd_m.path == cu::KernelPath::wgmma &&
@@ -427,7 +434,6 @@ int main() {
   const std::pair<QmmProblem, std::string> not_wgmma[] = {
       {rows(256, FloatType::float16), "float16 x"},
       {problem(Mode::mxfp4, true, 256, 4100, 4096), "N=4100"},
-      {problem(Mode::mxfp8, true, 256, 4096, 4128), "K=4128"},
       {problem(Mode::mxfp4, false, 256, 4096, 4096), "x @ W"},
   };
   for (const auto& [p, why] : not_wgmma) {
@@ -520,7 +526,7 @@ int main() {
   // launch, room for a run per 64 pairs (fp_qmm_grouped, from 8 pairs an
   // expert) or 16 (fp_qmv_grouped) and one more per expert (and for the
   // out-of-range bin), the grid's y capped.
-  auto grouped = auto_plan(gather, h200);
+  auto grouped = auto_plan(gather, a100);
   const int64_t runs = (70000 + 63) / 64 + 33;
   check(
       grouped.path == cu::KernelPath::grouped &&
@@ -556,9 +562,52 @@ int main() {
   auto at_large = gather;
   at_large.batch_shape = {cu::kQmmGroupedLargeRows * 32};
   check(
-      auto_plan(below_large, h200).run_rows == 32 &&
-          auto_plan(at_large, h200).run_rows == 64,
+      auto_plan(below_large, a100).run_rows == 32 &&
+          auto_plan(at_large, a100).run_rows == 64,
       "grouped gather: runs of 64 from kQmmGroupedLargeRows an expert");
+  // On sm_90 from kWgmmaGroupRows pairs an expert: fp_qmm_wgmma_grouped,
+  // runs of up to 128 pairs, whose x fp_wgmma_tile_x_grouped gathers into
+  // tiles first (K = 2880: 23 stages of 128 E2M1 codes, the last partial).
+  auto hopper = auto_plan(gather, h200);
+  const int64_t wgmma_runs = (70000 + 127) / 128 + 33;
+  check(
+      hopper.path == cu::KernelPath::grouped &&
+          hopper.main.kernel ==
+              "fpqmm_qmm_wgmma_grouped_e2m1_e8m0_bfloat16_x128_w256" &&
+          hopper.run_rows == 128 && hopper.max_runs == wgmma_runs &&
+          hopper.main.grid[0] == 12 && hopper.main.grid[1] == wgmma_runs &&
+          hopper.grouping && hopper.x_tiles &&
+          hopper.x_tiles->kernel == "fpqmm_wgmma_tile_x_grouped_e2m1" &&
+          hopper.x_tiles_bytes == wgmma_runs * 23 * 32768 &&
+          hopper.note.find("fp_qmm_wgmma_grouped") != std::string::npos,
+      "grouped gather on sm_90: " + hopper.main.kernel);
+  auto below_wgmma = gather;
+  below_wgmma.batch_shape = {cu::kWgmmaGroupRows * 32 - 1};
+  auto at_wgmma = gather;
+  at_wgmma.batch_shape = {cu::kWgmmaGroupRows * 32};
+  check(
+      auto_plan(below_wgmma, h200).key.family ==
+              cu::KernelFamily::qmm_grouped &&
+          auto_plan(at_wgmma, h200).key.family ==
+              cu::KernelFamily::qmm_wgmma_grouped &&
+          cu::plan(sparse, h200, cu::KernelRequest::wgmma).key.family ==
+              cu::KernelFamily::qmm_wgmma_grouped &&
+          cu::plan(gather, h200, cu::KernelRequest::tiled).key.family ==
+              cu::KernelFamily::qmm_grouped,
+      "grouped gather: fp_qmm_wgmma_grouped from kWgmmaGroupRows an expert");
+  auto bf16_moe = [&](int pairs, const cu::CudaDevice& device) {
+    return cu::gather_rows(
+        gather_problem(pairs, 1, 2880, 2880, pairs, 32), true, device);
+  };
+  check(
+      bf16_moe(16384 * 4, h200).wgmma &&
+          !cu::gather_dequantize_then_matmul(
+              bf16_moe(16384 * 4, h200), KernelRequest::automatic) &&
+          cu::gather_dequantize_then_matmul(
+              bf16_moe(16384 * 4, a100), KernelRequest::automatic) &&
+          cu::gather_dequantize_then_matmul(
+              bf16_moe(16384 * 4, h200), KernelRequest::dequantize),
+      "gather: never dequantized where fp_qmm_wgmma_grouped runs");
   auto few = gather;
   few.batch_shape = {cu::kGroupedMinPairs - 1};
   few.x_matrices = 1;
