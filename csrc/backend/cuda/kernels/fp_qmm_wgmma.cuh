@@ -28,9 +28,9 @@ __host__ __device__ constexpr int wgmma_natural_code(int step, int k) {
          2 * (step % steps_per_word) + k / 8 + word_codes / 2 * (k % 2);
 }
 
-// Unit u (8 values, 16 bytes) of a tile: x row 8 (u / tile_row_units) + u %
-// 8 of the tile, 16-byte column u / 8 % row_units; core matrices (8 rows x
-// one column) of 128 bytes, a tile's 8 rows in a row of them.
+// Unit u (8 values, 16 bytes) of a tile: x row 8 (u / (8 row_units)) + u % 8
+// of the tile, 16-byte column u / 8 % row_units; core matrices (8 rows x one
+// column) of 128 bytes, each 8 rows' core matrices in a row.
 template <int bits>
 struct WgmmaXTile {
   static constexpr int codes = wgmma_stage_codes(bits);
