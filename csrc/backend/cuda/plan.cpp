@@ -318,6 +318,16 @@ bool grouped_tiled(const QmmProblem& p, KernelRequest request) {
           p.batch_count() >= int64_t(kTiledGroupRows) * p.w_matrices);
 }
 
+// The grouped path's first launch: fp_group_pairs, with room for `runs` runs.
+void add_grouping(int64_t runs, KernelPlan& plan) {
+  plan.grouping = Launch{
+      "fpqmm_group_pairs",
+      {1, 1, 1},
+      {fc::kGroupThreads, 1, 1},
+      fc::kGroupSharedBytes};
+  plan.grouping_bytes = fc::grouping_scratch_bytes(runs, plan.batch_count);
+}
+
 // Whether the grouped path multiplies with fp_qmm_wgmma_grouped (runs of
 // kWgmmaXRows pairs): on sm_90 from kWgmmaGroupRows rows an expert, or on
 // request, where it runs.
@@ -360,12 +370,7 @@ void plan_grouped_wgmma(
        1},
       {fc::kWgmmaThreads, 1, 1},
       fc::wgmma_shared_bytes(format.bits, plan.key.w_tiles)};
-  plan.grouping = Launch{
-      "fpqmm_group_pairs",
-      {1, 1, 1},
-      {fc::kGroupThreads, 1, 1},
-      fc::kGroupSharedBytes};
-  plan.grouping_bytes = fc::grouping_scratch_bytes(runs, plan.batch_count);
+  add_grouping(runs, plan);
   plan.x_tiles = grid_stride_launch(
       "fpqmm_wgmma_tile_x_grouped_" + std::string(codes_name(format.bits)),
       runs * ceil_div(p.K, fc::wgmma_stage_codes(format.bits)) *
@@ -405,12 +410,7 @@ void plan_grouped(
       {tiled ? fc::kQmmThreads : fc::kQmvWarps * fc::kWarpSize, 1, 1},
       tiled ? qmm_shared_bytes(p, format, qmm_blocks)
             : fc::qmv_shared_bytes(bfloat16_x, fc::kMaxXBlocks)};
-  plan.grouping = Launch{
-      "fpqmm_group_pairs",
-      {1, 1, 1},
-      {fc::kGroupThreads, 1, 1},
-      fc::kGroupSharedBytes};
-  plan.grouping_bytes = fc::grouping_scratch_bytes(runs, plan.batch_count);
+  add_grouping(runs, plan);
   plan.split_k_step = p.K;
 }
 
