@@ -92,20 +92,25 @@ std::optional<mx::array> dequantized_gather(
   }
   const int64_t experts = matrix_count(w);
   // The gather as the primitive's plan would see it (shapes and types).
-  const auto gather = cuda::gather_rows(
-      describe_gather_problem(
-          {x, w, scales, lhs_indices, rhs_indices},
-          {N},
-          mode,
-          group_size,
-          transpose,
-          sorted_pairs),
-      sorted_pairs,
-      stream.device == mx::Device::gpu
-          ? cuda::running_device().value_or(cuda::CudaDevice{})
-          : cuda::CudaDevice{});
+  const auto problem = describe_gather_problem(
+      {x, w, scales, lhs_indices, rhs_indices},
+      {N},
+      mode,
+      group_size,
+      transpose,
+      sorted_pairs);
+  const auto gather = cuda::gather_rows(problem, sorted_pairs);
   if (!builds_dequantize(stream, [&](cuda::KernelRequest request) {
-        return cuda::gather_dequantize_then_matmul(gather, request);
+        // Without the device first (a decoding model calls this for every
+        // product): the device can only take the dequantize away
+        // (fp_qmm_wgmma_grouped on sm_90).
+        if (!cuda::gather_dequantize_then_matmul(gather, request)) {
+          return false;
+        }
+        const auto device = cuda::running_device();
+        return device &&
+               cuda::gather_dequantize_then_matmul(
+                   cuda::gather_rows(problem, sorted_pairs, *device), request);
       })) {
     return std::nullopt;
   }

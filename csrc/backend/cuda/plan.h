@@ -117,8 +117,9 @@ inline constexpr int kTiledGroupRows = 8;
 // 32 experts of 2880 x 2880, kernels alone, fp_qmm_grouped /
 // fp_qmm_wgmma_grouped: 128 tokens (16 pairs an expert) 121.2 / 192.6 us,
 // 512 tokens (64) 263.9 / 181.8; between them not measured. Where it runs,
-// the op never takes dequantize + gather_mm by default: fp_qmm_wgmma_grouped
-// was 3.8-4.5x faster at 2,048 and 8,192 tokens.
+// the op never takes dequantize + gather_mm by default: through MLX,
+// fp_qmm_wgmma_grouped took 3.8-4.5x less time at 2,048 and 8,192 tokens
+// than dequantize + gather_mm had in an earlier session (not side by side).
 inline constexpr int kWgmmaGroupRows = 48;
 
 // Whether the op multiplies the M rows of x per W matrix of `problem` (not
