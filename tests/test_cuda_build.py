@@ -134,6 +134,23 @@ def test_cuda_compiles(results, source):
         pytest.fail(f"{source} does not compile:\n{result.stderr[-6000:]}", pytrace=False)
 
 
+def test_decoded_code_pairs_are_mlx_values(tmp_path):
+    """The kernels' bit decoding of code pairs (fp_decode.cuh), built and run on
+    the host: every pair laid out for half and bfloat16 is MLX's value of its
+    codes (common/formats.h), both ways the kernels compute it."""
+    compiler = Path(nvcc())
+    library = compiler.parent.parent / "lib"
+    command = [
+        str(compiler), "-std=c++20", "-O2", f"-I{ROOT / 'csrc'}", "--expt-relaxed-constexpr",
+        "-diag-suppress", "997", *([f"-L{library}"] if library.is_dir() else []),
+        "csrc/backend/cuda/testing/decode_test.cu", "-o", str(tmp_path / "decode_test"),
+    ]  # fmt: skip
+    built = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-6000:]
+    ran = subprocess.run([str(tmp_path / "decode_test")], capture_output=True, text=True)
+    assert ran.returncode == 0 and "every decoded pair matches" in ran.stdout, ran.stdout[-3000:]
+
+
 def test_compile_check_reports_a_wrong_encoder_call(tmp_path):
     """A planted defect in eval_gpu (a CommandEncoder call MLX does not have)
     fails the check with nvcc's message."""

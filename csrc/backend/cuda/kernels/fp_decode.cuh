@@ -98,7 +98,8 @@ struct CodeLayout {
 // spread over the float's remaining exponent bits, makes the pair's half a
 // NaN.
 template <typename H, int bits>
-__device__ __forceinline__ uint32_t code_pair_bits(uint32_t word, int p) {
+__host__ __device__ __forceinline__ uint32_t
+code_pair_bits(uint32_t word, int p) {
   using Layout = CodeLayout<H, bits>;
   constexpr int shift = Layout::magnitude_bit;
   constexpr uint32_t lanes = 0x00010001u;

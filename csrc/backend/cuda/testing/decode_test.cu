@@ -1,0 +1,103 @@
+// The kernels' bit decoding of code pairs (code_pair_bits of fp_decode.cuh),
+// run on the host (no GPU needed; tests/test_cuda_build.py builds and runs
+// it): every pair laid out for half and bfloat16, times the layout's fixup,
+// is MLX's value of each code (common/formats.h), over every pattern of a
+// word's low and of its high 16 bits and random words. Prints the failures
+// and exits 1 if any.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "backend/cuda/kernels/fp_decode.cuh"
+#include "common/formats.h"
+
+namespace {
+
+using namespace fpqmm::cuda;
+
+float half_value(uint16_t bits, __half) {
+  __half_raw raw;
+  raw.x = bits;
+  return __half2float(__half(raw));
+}
+
+float half_value(uint16_t bits, __nv_bfloat16) {
+  const uint32_t word = uint32_t(bits) << 16;
+  float value;
+  std::memcpy(&value, &word, sizeof(value));
+  return value;
+}
+
+template <int bits>
+float code_value(uint32_t code) {
+  if constexpr (bits == 4) {
+    return mlx_fpqmm::kE2M1Values[code & 0xF];
+  } else {
+    return mlx_fpqmm::decode_e4m3(static_cast<uint8_t>(code));
+  }
+}
+
+int failures = 0;
+
+template <typename H, int bits>
+void check_word(uint32_t word) {
+  constexpr int per_word = 16 / bits;
+  const float fixup = std::ldexp(1.0f, CodeLayout<H, bits>::fixup_exponent);
+  for (int p = 0; p < per_word; ++p) {
+    const uint32_t pair = code_pair_bits<H, bits>(word, p);
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t code =
+          word >> (bits * (p + half * per_word)) & ((1u << bits) - 1);
+      const float expected = code_value<bits>(code);
+      const float got = half_value(uint16_t(pair >> (16 * half)), H{}) * fixup;
+      const bool same =
+          std::isnan(expected)
+              ? std::isnan(got)
+              : got == expected && std::signbit(got) == std::signbit(expected);
+      if (!same && ++failures <= 10) {
+        std::printf(
+            "%s bits=%d word=%08x pair %d half %d: code %x is %g, decoded %g "
+            "(pair %08x)\n",
+            std::is_same_v<H, __half> ? "half" : "bfloat16",
+            bits,
+            word,
+            p,
+            half,
+            code,
+            expected,
+            got,
+            pair);
+      }
+    }
+  }
+}
+
+template <typename H, int bits>
+void check_all() {
+  // Every pattern of the 16 low bits under varied high bits, every pattern
+  // of the high bits under varied low bits, and random words.
+  std::mt19937 random(bits);
+  for (uint32_t low = 0; low < 0x10000; ++low) {
+    check_word<H, bits>(low | random() << 16);
+    check_word<H, bits>(low << 16 | (random() & 0xFFFF));
+  }
+  for (int i = 0; i < 1 << 20; ++i) {
+    check_word<H, bits>(random());
+  }
+}
+
+}  // namespace
+
+int main() {
+  check_all<__nv_bfloat16, 4>();
+  check_all<__nv_bfloat16, 8>();
+  check_all<__half, 4>();
+  check_all<__half, 8>();
+  if (failures) {
+    std::printf("%d decoded halves differ\n", failures);
+    return 1;
+  }
+  std::printf("every decoded pair matches\n");
+  return 0;
+}
