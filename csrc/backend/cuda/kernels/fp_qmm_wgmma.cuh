@@ -41,6 +41,16 @@ struct WgmmaXTile {
   static constexpr int lbo = 128;            // next core matrix along K
 };
 
+// The bytes of a tile that hold its rows [0, rows): whole groups of 8 rows,
+// which the tile lays out one after another. Only they are written, copied
+// and read where fewer rows of x are left (a run of few pairs, a small M):
+// the others would only feed outputs that are not stored.
+template <int bits>
+__host__ __device__ constexpr int wgmma_x_tile_prefix(int rows) {
+  constexpr int group_bytes = WgmmaXTile<bits>::bytes / (kWgmmaXRows / 8);
+  return ((rows < kWgmmaXRows ? rows : kWgmmaXRows) + 7) / 8 * group_bytes;
+}
+
 // The stages of K (the last one partial where K is not a multiple).
 template <int bits>
 __host__ __device__ constexpr int wgmma_stage_count(int K) {
@@ -49,14 +59,21 @@ __host__ __device__ constexpr int wgmma_stage_count(int K) {
 
 // One tile of x (K values a row, bfloat16) at `out`: the stage from code k0
 // of the 128 rows that x_row(m) names (-1: a row of zeros), values past K
-// zero. Every thread of the block calls it: the rows' values are read whole
-// into shared memory, then each thread writes units in the tile's order.
+// zero, written for its first `count` rows (wgmma_x_tile_prefix). Every
+// thread of the block calls it: the rows' values are read whole into shared
+// memory, then each thread writes units in the tile's order.
 template <int bits, typename XRow>
 __device__ __forceinline__ void wgmma_tile_x_impl(
-    const __nv_bfloat16* x, int K, int k0, XRow&& x_row, uint4* out) {
+    const __nv_bfloat16* x,
+    int K,
+    int k0,
+    int count,
+    XRow&& x_row,
+    uint4* out) {
   using Tile = WgmmaXTile<bits>;
   __shared__ uint4 rows[Tile::units];
-  for (int u = threadIdx.x; u < Tile::units; u += blockDim.x) {
+  const int units = wgmma_x_tile_prefix<bits>(count) / 16;
+  for (int u = threadIdx.x; u < units; u += blockDim.x) {
     const int64_t row = x_row(u / Tile::row_units);
     const int k = k0 + u % Tile::row_units * 8;
     rows[u] = row >= 0 && k < K
@@ -65,7 +82,7 @@ __device__ __forceinline__ void wgmma_tile_x_impl(
   }
   __syncthreads();
   const auto* values = reinterpret_cast<const __nv_bfloat16*>(rows);
-  for (int u = threadIdx.x; u < Tile::units; u += blockDim.x) {
+  for (int u = threadIdx.x; u < units; u += blockDim.x) {
     const int row = 8 * (u / (8 * Tile::row_units)) + u % 8;
     const int column = u / 8 % Tile::row_units;
     alignas(16) __nv_bfloat16 v[8];
@@ -91,6 +108,7 @@ __global__ void __launch_bounds__(kWgmmaTileXThreads)
       static_cast<const __nv_bfloat16*>(args.x),
       args.K,
       blockIdx.x % stage_count * Tile::codes,
+      args.M - m0,
       [&](int m) { return m0 + m < args.M ? int64_t(m0 + m) : int64_t(-1); },
       static_cast<uint4*>(args.x_tiles) + int64_t(blockIdx.x) * Tile::units);
 }
@@ -112,6 +130,7 @@ __global__ void __launch_bounds__(kWgmmaTileXThreads)
         static_cast<const __nv_bfloat16*>(args.x),
         args.K,
         int(tile % stage_count) * Tile::codes,
+        int(run.count),
         [&](int m) {
           const GatheredRows rows{
               args.pair_order + run.first,
@@ -180,6 +199,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   const auto* x_tiles = static_cast<const uint8_t*>(args.x_tiles) +
                         x_tile * wgmma_stage_count<bits>(K) * Tile::bytes;
   const uint32_t barriers = sm90::shared_address(shared + stages * stage_bytes);
+  const uint32_t x_bytes = wgmma_x_tile_prefix<bits>(M - m0);
 
   // This lane's W rows in the block: tile i, half h.
   auto w_row = [&](int i, int h) {
@@ -195,11 +215,11 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
     uint8_t* at = shared + slot * stage_bytes;
     if (threadIdx.x == 0) {
       const uint32_t barrier = barriers + 8 * slot;
-      sm90::barrier_expect(barrier, Tile::bytes);
+      sm90::barrier_expect(barrier, x_bytes);
       sm90::bulk_copy(
           sm90::shared_address(at),
           x_tiles + int64_t(first_stage + s) * Tile::bytes,
-          Tile::bytes,
+          x_bytes,
           barrier);
     }
 #pragma unroll
