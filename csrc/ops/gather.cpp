@@ -261,9 +261,10 @@ mx::array fp_gather_qmm_unchecked(
     bool right_sorted,
     mx::Stream stream) {
   // Row-contiguous arrays: a pair's operands are then whole matrices at
-  // index * matrix size, and the indices are read in order.
+  // index * matrix size, and the indices are read in order (evaluated ones,
+  // such as a model's weights, without a node in the graph).
   auto contiguous = [&](const mx::array& a) {
-    return mx::contiguous(a, false, stream);
+    return readable_in_place_copy(a, stream);
   };
   auto inputs = make_gather_inputs(
       contiguous(x),
