@@ -794,7 +794,7 @@ KernelPlan plan(
           p,
           device,
           blocks,
-          fc::qmv_min_blocks(p.x_type == FloatType::bfloat16, x_blocks),
+          fc::qmv_split_resident(p.x_type == FloatType::bfloat16, x_blocks),
           pass,
           fc::kQmvWarps * pass,
           plan);

@@ -435,7 +435,7 @@ __device__ __forceinline__ void fp_qmv_grid(const QmmArgs& args) {
 template <typename T, int bits, int encoding, int x_blocks>
 __global__ void __launch_bounds__(
     kQmvWarps* kWarpSize,
-    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, x_blocks))
+    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, x_blocks, bits))
     fp_qmv(const QmmArgs args) {
   fp_qmv_grid<T, bits, encoding, x_blocks, false>(args);
 }
@@ -452,7 +452,7 @@ __global__ void __launch_bounds__(
 template <typename T, int bits, int encoding, int x_blocks>
 __global__ void __launch_bounds__(
     kQmvWarps* kWarpSize,
-    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, x_blocks))
+    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, x_blocks, bits))
     FPQMM_SPLITS_CLUSTER fp_qmv_cluster(const QmmArgs args) {
   fp_qmv_grid<T, bits, encoding, x_blocks, true>(args);
 }
@@ -464,7 +464,7 @@ __global__ void __launch_bounds__(
 template <typename T, int bits, int encoding>
 __global__ void __launch_bounds__(
     kQmvWarps* kWarpSize,
-    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, kMaxXBlocks))
+    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, kMaxXBlocks, bits))
     fp_qmv_grouped(const QmmArgs args) {
   extern __shared__ float4 shared_floats[];
   auto* reduction = reinterpret_cast<float*>(shared_floats);

@@ -25,8 +25,8 @@ inline constexpr int kMaxXBlocks = 2;  // rows of x per pass: 16
 // tiles (two where x's float16 or float32 values, converted to bfloat16
 // parts, serve two tiles), and the kQmvWarps warps of a block take turns
 // over the passes and add up in shared memory. qmv_min_blocks blocks per
-// SM (the registers of a thread follow). Rows of W must be whole 16-byte
-// vectors (K * bits a multiple of 128).
+// SM (the registers of a thread follow: 64 for E2M1 codes with bfloat16
+// x). Rows of W must be whole 16-byte vectors (K * bits a multiple of 128).
 inline constexpr int kQmvWarps = 8;
 constexpr int qmv_tiles(bool bfloat16_x) {
   return bfloat16_x ? 1 : 2;
@@ -34,8 +34,18 @@ constexpr int qmv_tiles(bool bfloat16_x) {
 constexpr int qmv_rows_per_block(bool bfloat16_x) {
   return kTileRows * qmv_tiles(bfloat16_x);
 }
-constexpr int qmv_min_blocks(bool bfloat16_x, int x_blocks) {
-  return (bfloat16_x && x_blocks == 1 ? 768 : 512) / (kQmvWarps * kWarpSize);
+constexpr int qmv_min_blocks(bool bfloat16_x, int x_blocks, int bits) {
+  if (bfloat16_x && x_blocks == 1) {
+    return bits == 4 ? 4 : 3;
+  }
+  return 2;
+}
+// The blocks an SM that the split of K counts as running at once: 3 where
+// E2M1's 4 fit, for the threshold measured when 3 did (4096 x 4096, 256
+// blocks, is faster unsplit).
+constexpr int qmv_split_resident(bool bfloat16_x, int x_blocks) {
+  return bfloat16_x && x_blocks == 1 ? 3
+                                     : qmv_min_blocks(bfloat16_x, x_blocks, 4);
 }
 constexpr int qmv_pass_codes(int bits) {
   return 4 * 128 / bits;  // a quad of lanes, 16 bytes each
