@@ -26,7 +26,8 @@ A rank whose peer dies or stops does not hang: every step that talks to the othe
 process after ``--timeout`` seconds, and an error from the backend (the ring backend's
 "connection to a peer was lost") ends it with exit code 1; both print the rank and the step on
 stderr. (MLX 0.32.4's ring backend now and then fails its pending tasks without raising: then
-the watchdog ends the rank.) (``mlx.launch`` then ends the other ranks, but exits with 0 whatever the ranks did.)
+the watchdog ends the rank.) (``mlx.launch`` then ends the other ranks, but exits with 0
+whatever the ranks did.)
 """
 
 import os
