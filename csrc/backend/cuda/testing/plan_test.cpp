@@ -108,6 +108,12 @@ int main() {
   check(
       big.split_k == 1 && !big.reduction && big.partials_bytes == 0,
       "no split");
+  // 256 blocks of 4096 x 4096 stay unsplit (measured faster than split),
+  // though E2M1's 4 blocks an SM leave half the slots empty.
+  auto square = auto_plan(problem(Mode::mxfp4, true, 1, 4096, 4096), h200);
+  check(
+      square.split_k == 1 && square.main.grid[0] == 256,
+      "4096x4096 unsplit, split_k " + std::to_string(square.split_k));
   // 64 row blocks: split K. On sm_90 the splits add up in a cluster; on
   // sm_80 in partial sums and their reduction.
   auto small = auto_plan(problem(Mode::mxfp4, true, 1, 1024, 4096), h200);
