@@ -37,38 +37,26 @@ def main() -> None:
         timing = time_graph([lambda i=i: product(i) for i in range(PRODUCTS)], 5)
         print(f"{name:44s} {timing.median * 1e6:8.1f} us")
 
-    def ours_unsorted(i: int) -> mx.array:
-        return mlx_fpqmm.gather_qmm(x, *weights[i % COPIES], rhs_indices=unsorted[i], mode="mxfp4")
-
-    def ours_sorted(i: int) -> mx.array:
-        return mlx_fpqmm.gather_qmm(
-            x_sorted,
+    def gather(op, is_sorted: bool):
+        xs, indices = (x_sorted, in_order) if is_sorted else (x, unsorted)
+        return lambda i: op(
+            xs,
             *weights[i % COPIES],
-            rhs_indices=in_order[i],
+            rhs_indices=indices[i],
             mode="mxfp4",
-            sorted_indices=True,
-        )
-
-    def mlx_unsorted(i: int) -> mx.array:
-        return mx.gather_qmm(x, *weights[i % COPIES], rhs_indices=unsorted[i], mode="mxfp4")
-
-    def mlx_sorted(i: int) -> mx.array:
-        return mx.gather_qmm(
-            x_sorted,
-            *weights[i % COPIES],
-            rhs_indices=in_order[i],
-            mode="mxfp4",
-            sorted_indices=True,
+            sorted_indices=is_sorted,
         )
 
     def index_nodes(i: int) -> mx.array:
         rows = mx.reshape(mx.arange(TOKENS, dtype=mx.uint32), (TOKENS, 1))
         return mx.contiguous(mx.broadcast_to(rows, (TOKENS, TOP_K))) + i
 
-    row("mlx_fpqmm.gather_qmm, unsorted", ours_unsorted)
-    row("mlx_fpqmm.gather_qmm, sorted", ours_sorted)
-    row("mx.gather_qmm, unsorted", mlx_unsorted)
-    row("mx.gather_qmm, sorted", mlx_sorted)
+    for name, op in (
+        ("mlx_fpqmm.gather_qmm", mlx_fpqmm.gather_qmm),
+        ("mx.gather_qmm", mx.gather_qmm),
+    ):
+        for is_sorted in (False, True):
+            row(f"{name}, {'sorted' if is_sorted else 'unsorted'}", gather(op, is_sorted))
     row("arange + reshape + broadcast + contiguous", index_nodes)
     row("arange alone", lambda i: mx.arange(TOKENS * TOP_K, dtype=mx.uint32) + i)
     for indices, xs, is_sorted in ((unsorted[0], x, False), (in_order[0], x_sorted, True)):
