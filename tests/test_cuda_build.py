@@ -135,9 +135,9 @@ def test_cuda_compiles(results, source):
 
 
 def test_decoded_code_pairs_are_mlx_values(tmp_path):
-    """The kernels' bit decoding of code pairs (fp_decode.cuh), built and run on
-    the host: every pair laid out for half and bfloat16 is MLX's value of its
-    codes (common/formats.h), both ways the kernels compute it."""
+    """The kernels' bit decoding of code pairs (code_pair_bits of fp_decode.cuh),
+    built and run on the host: every pair laid out for half and bfloat16 is MLX's
+    value of its codes (common/formats.h)."""
     compiler = Path(nvcc())
     library = compiler.parent.parent / "lib"
     command = [

@@ -34,18 +34,16 @@ constexpr int qmv_tiles(bool bfloat16_x) {
 constexpr int qmv_rows_per_block(bool bfloat16_x) {
   return kTileRows * qmv_tiles(bfloat16_x);
 }
-constexpr int qmv_min_blocks(bool bfloat16_x, int x_blocks, int bits) {
-  if (bfloat16_x && x_blocks == 1) {
-    return bits == 4 ? 4 : 3;
-  }
-  return 2;
-}
-// The blocks an SM that the split of K counts as running at once: 3 where
-// E2M1's 4 fit, for the threshold measured when 3 did (4096 x 4096, 256
-// blocks, is faster unsplit).
+// The blocks an SM that the split of K counts as running at once: the
+// kernel's own but for E2M1, whose threshold was measured at 3 (4096 x 4096,
+// 256 blocks, is faster unsplit).
 constexpr int qmv_split_resident(bool bfloat16_x, int x_blocks) {
-  return bfloat16_x && x_blocks == 1 ? 3
-                                     : qmv_min_blocks(bfloat16_x, x_blocks, 4);
+  return bfloat16_x && x_blocks == 1 ? 3 : 2;
+}
+constexpr int qmv_min_blocks(bool bfloat16_x, int x_blocks, int bits) {
+  return bits == 4 && bfloat16_x && x_blocks == 1
+             ? 4
+             : qmv_split_resident(bfloat16_x, x_blocks);
 }
 constexpr int qmv_pass_codes(int bits) {
   return 4 * 128 / bits;  // a quad of lanes, 16 bytes each

@@ -29,15 +29,6 @@ float half_value(uint16_t bits, __nv_bfloat16) {
   return value;
 }
 
-template <int bits>
-float code_value(uint32_t code) {
-  if constexpr (bits == 4) {
-    return mlx_fpqmm::kE2M1Values[code & 0xF];
-  } else {
-    return mlx_fpqmm::decode_e4m3(static_cast<uint8_t>(code));
-  }
-}
-
 int failures = 0;
 
 template <typename H, int bits>
@@ -49,7 +40,9 @@ void check_word(uint32_t word) {
     for (int half = 0; half < 2; ++half) {
       const uint32_t code =
           word >> (bits * (p + half * per_word)) & ((1u << bits) - 1);
-      const float expected = code_value<bits>(code);
+      const float expected = mlx_fpqmm::code_values(
+          bits == 4 ? mlx_fpqmm::CodeKind::e2m1
+                    : mlx_fpqmm::CodeKind::e4m3)[code];
       const float got = half_value(uint16_t(pair >> (16 * half)), H{}) * fixup;
       const bool same =
           std::isnan(expected)
