@@ -112,7 +112,7 @@ def layer_cases(group) -> dict:
 
 
 def llama_cases(group) -> dict:
-    from mlx_lm.generate import generate_step
+    from mlx_lm.generate import generate_step, generation_stream
     from mlx_lm.models import llama
 
     args = llama.ModelArgs(
@@ -133,7 +133,12 @@ def llama_cases(group) -> dict:
     prompt = mx.array([1, 2, 3, 4])
 
     def greedy(model) -> list[int]:
-        return [int(t) for t, _ in generate_step(prompt, model, max_tokens=8)]
+        tokens = [int(t) for t, _ in generate_step(prompt, model, max_tokens=8)]
+        # generate_step leaves one more step (its all_sums included) running on its own
+        # stream, and MLX's ring backend cannot run two collectives at once: the next
+        # case's all_sum on the default stream would mix with it (a wrong sum, 1 run in 60).
+        mx.synchronize(generation_stream)
+        return tokens
 
     for how in ("mxfp4-convert", "mxfp4-shard-then-convert", "nvfp4-global-scale", "fp8"):
         mx.random.seed(0)
