@@ -1,5 +1,7 @@
 """gather_qmm (the mixture-of-experts product) against a per-pair float64 reference."""
 
+import re
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -67,6 +69,89 @@ def test_lhs_rhs_and_broadcast_indices(mode, index_dtype):
         rhs_ref = np.arange(w_case.shape[0]) if rhs is None else np.array(rhs)
         reference = gather_reference(x, w_case, s_case, lhs_ref, rhs_ref, mode)
         assert relative_error(y, reference) < 1e-5, name
+
+
+# x's shape and rhs_indices' shape without lhs_indices: x's batch broadcast against the
+# indices as mlx-lm's layers call gather_qmm (the primitive then reads pair p's x matrix
+# as p / divisor, the named divisor), and a layout that needs an index array.
+DEFAULT_LHS_LAYOUTS = {
+    "unsorted, divisor 2": ((5, 1, 1, 64), (5, 2)),
+    "sorted, divisor 1": ((7, 1, 64), (7,)),
+    "x of one matrix, divisor 8": ((3, 64), (4, 2)),
+    "rows of 3, divisor 2": ((4, 1, 3, 64), (4, 2)),
+    "divisor 6": ((2, 1, 1, 1, 64), (2, 3, 2)),
+    "divisor 2 of 3 axes": ((2, 3, 1, 1, 64), (2, 3, 2)),
+    "an index array": ((1, 2, 3, 64), (4, 2)),
+}
+
+
+@pytest.mark.parametrize("mode", ["mxfp4", "nvfp4", "fp8"])
+@pytest.mark.parametrize("layout", DEFAULT_LHS_LAYOUTS.values(), ids=DEFAULT_LHS_LAYOUTS.keys())
+def test_default_lhs_indices(mode, layout):
+    """Without lhs_indices, pair p multiplies x's matrix of p's position in the
+    broadcast batch, as the default lhs_indices (x's batch, 0, 1, ...) given explicitly."""
+    np.random.seed(4)
+    x_shape, rhs_shape = layout
+    E, N, K = 6, 24, x_shape[-1]
+    w_q, scales, _ = quantized_experts(mode, E, N, K)
+    x = mx.random.normal(x_shape)
+    rhs = mx.array(np.random.randint(0, E, rhs_shape))
+    y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=rhs, mode=mode)
+    x_batch = x_shape[:-2]
+    lhs = np.broadcast_to(np.arange(int(np.prod(x_batch))).reshape(x_batch), rhs_shape)
+    reference = gather_reference(x, w_q, scales, lhs, rhs, mode)
+    assert relative_error(y, reference) < 1e-5
+    explicit = mlx_fpqmm.gather_qmm(
+        x, w_q, scales, lhs_indices=mx.array(lhs), rhs_indices=rhs, mode=mode
+    )
+    np.testing.assert_array_equal(np.array(y), np.array(explicit))
+    grad = mx.grad(lambda x: mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=rhs, mode=mode).sum())
+    grad_explicit = mx.grad(
+        lambda x: mlx_fpqmm.gather_qmm(
+            x, w_q, scales, lhs_indices=mx.array(lhs), rhs_indices=rhs, mode=mode
+        ).sum()
+    )
+    np.testing.assert_allclose(np.array(grad(x)), np.array(grad_explicit(x)), rtol=1e-5, atol=1e-5)
+
+
+def graph_nodes(y, path):
+    mx.export_to_dot(str(path), y)
+    return sorted(re.findall(r'label ="(\w+)"', path.read_text()))
+
+
+@pytest.mark.parametrize(
+    "layout", [((3, 1, 1, 64), (3, 2)), ((6, 1, 64), (6,))], ids=["unsorted", "sorted"]
+)
+def test_default_lhs_indices_add_no_nodes(layout, tmp_path):
+    """mlx-lm's layouts on evaluated operands: the product is one node (no arange,
+    reshape, broadcast or copy of x's indices), which a decoding model builds for every
+    expert product."""
+    x_shape, rhs_shape = layout
+    w_q, scales, _ = quantized_experts("mxfp4", 4, 32, 64)
+    x = mx.random.normal(x_shape)
+    rhs = mx.array(np.random.randint(0, 4, rhs_shape).astype(np.uint32))
+    mx.eval(w_q, scales, x, rhs)
+    y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=rhs, mode="mxfp4")
+    assert graph_nodes(y, tmp_path / "graph.dot") == ["FpGatherQuantizedMatmul"]
+
+
+@pytest.mark.parametrize("first_tokens", [1, 3])
+def test_compile_shapeless_without_lhs_indices(first_tokens):
+    """Compiled without shapes on mlx-lm's layout at one number of tokens, then run on
+    others: x's matrices follow the tokens (a traced index array would pin them)."""
+    w_q, scales, _ = quantized_experts("mxfp4", 4, 32, 64)
+    mx.eval(w_q, scales)
+
+    def f(x, rhs):
+        return mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=rhs, mode="mxfp4")
+
+    compiled = mx.compile(f, shapeless=True)
+    for tokens in (first_tokens, 4, 2):
+        x = mx.random.normal((tokens, 1, 1, 64))
+        rhs = routed(tokens, 4, 2)
+        y = compiled(x, rhs)
+        assert y.shape == (tokens, 2, 1, 32)
+        np.testing.assert_array_equal(np.array(y), np.array(f(x, rhs)))
 
 
 @pytest.mark.parametrize("mode", MLX_MODES)

@@ -1,5 +1,6 @@
 #include "ops/ops.h"
 
+#include <algorithm>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -15,6 +16,13 @@ namespace mlx_fpqmm {
 
 namespace {
 
+// The batch of `operand`'s matrices: 0, 1, ... in its batch shape.
+mx::array batch_indices(const mx::array& operand, mx::Stream s) {
+  auto range =
+      mx::arange(static_cast<int>(matrix_count(operand)), mx::uint32, s);
+  return mx::reshape(range, batch_shape(operand), s);
+}
+
 // The indices as uint32 (as MLX casts them), or an arange over the batch of
 // `operand` when absent.
 mx::array index_array(
@@ -24,9 +32,7 @@ mx::array index_array(
     const mx::array& operand,
     mx::Stream s) {
   if (!indices) {
-    auto range =
-        mx::arange(static_cast<int>(matrix_count(operand)), mx::uint32, s);
-    return mx::reshape(range, batch_shape(operand), s);
+    return batch_indices(operand, s);
   }
   if (!mx::issubdtype(indices->dtype(), mx::integer)) {
     fail(
@@ -35,6 +41,27 @@ mx::array index_array(
             dtype_string(indices->dtype()) + ".");
   }
   return mx::astype(*indices, mx::uint32, s);
+}
+
+// The pairs' leading axes that x's batch has as they are, where it is 1 on
+// the others: then pair p reads x matrix p / implicit_lhs_divisor. Axes of
+// size 1 in both count as x's own (a graph compiled without shapes at one
+// token then runs on more); axes x lacks (broadcasting aligns on the right)
+// as broadcast. None where x's batch broadcasts otherwise.
+std::optional<int> implicit_lhs_axes(
+    const mx::Shape& x_batch, const mx::Shape& pairs) {
+  const int rank = static_cast<int>(pairs.size());
+  const int missing = rank - static_cast<int>(x_batch.size());
+  int axes = 0;
+  while (missing == 0 && axes < rank && x_batch[axes] == pairs[axes]) {
+    ++axes;
+  }
+  for (int axis = std::max(axes, missing); axis < rank; ++axis) {
+    if (x_batch[axis - missing] != 1) {
+      return std::nullopt;
+    }
+  }
+  return axes;
 }
 
 // gather_mm(x, w, lhs_indices, rhs_indices) for pairs of one row (x (...,
@@ -71,13 +98,11 @@ mx::array sorted_gather_mm(
 // put back. Pairs with an index out of range are NaN, as the primitive makes
 // them; the product runs on indices clamped to the last expert, so that
 // nothing reads past the arrays and sorted indices stay sorted.
-// lhs_indices: the default ones (x's batch), broadcast with rhs_indices; N:
-// the product's.
+// rhs_indices: broadcast to the pairs' shape; N: the product's.
 std::optional<mx::array> dequantized_gather(
     const mx::array& x,
     const mx::array& w,
     const mx::array& scales,
-    const mx::array& lhs_indices,
     const mx::array& rhs_indices,
     int N,
     const std::optional<mx::array>& expert_scales,
@@ -93,7 +118,7 @@ std::optional<mx::array> dequantized_gather(
   const int64_t experts = matrix_count(w);
   // The gather as the primitive's plan would see it (shapes and types).
   const auto problem = describe_gather_problem(
-      {x, w, scales, lhs_indices, rhs_indices},
+      {x, w, scales, rhs_indices, rhs_indices},
       {N},
       mode,
       group_size,
@@ -130,7 +155,12 @@ std::optional<mx::array> dequantized_gather(
   auto clamped = mx::minimum(rhs_indices, last, stream);
   mx::array y =
       gather.grouped && !gather.in_order
-          ? sorted_gather_mm(x_rows, dense, lhs_indices, clamped, stream)
+          ? sorted_gather_mm(
+                x_rows,
+                dense,
+                default_lhs_indices(x, rhs_indices, stream),
+                clamped,
+                stream)
           : mx::gather_mm(
                 x_rows, dense, std::nullopt, clamped, gather.grouped, stream);
   auto valid = mx::less_equal(rhs_indices, last, stream);
@@ -194,16 +224,15 @@ mx::array gather_qmm(
   int64_t experts = matrix_count(w);
 
   auto stream = mx::to_stream(s);
-  auto lhs = index_array(op, "lhs_indices", lhs_indices, x, stream);
   auto rhs = index_array(op, "rhs_indices", rhs_indices, w, stream);
-  std::vector<mx::array> indices;
+  const auto lhs_shape = lhs_indices ? lhs_indices->shape() : batch_shape(x);
+  mx::Shape pairs;
   try {
-    // broadcast_arrays (not broadcast_to): shapeless compilation re-infers it.
-    indices = mx::broadcast_arrays({lhs, rhs}, stream);
+    pairs = mx::broadcast_shapes(lhs_shape, rhs.shape());
   } catch (const std::invalid_argument&) {
     fail(
         op,
-        "lhs_indices of shape " + shape_string(lhs.shape()) +
+        "lhs_indices of shape " + shape_string(lhs_shape) +
             " and rhs_indices of shape " + shape_string(rhs.shape()) +
             " cannot be broadcast.");
   }
@@ -215,6 +244,19 @@ mx::array gather_qmm(
         stream);
   }
   const bool right_sorted = sorted_indices && !lhs_indices;
+  // mlx-lm's layouts (rhs_indices of the pairs' shape, x's matrices in
+  // order) need no index array for x's matrices.
+  std::optional<int> lhs_axes;
+  if (!lhs_indices && rhs.shape() == pairs) {
+    lhs_axes = implicit_lhs_axes(lhs_shape, pairs);
+  }
+  // broadcast_arrays (not broadcast_to): shapeless compilation re-infers it.
+  auto indices =
+      lhs_axes
+          ? std::vector<mx::array>{rhs, rhs}
+          : mx::broadcast_arrays(
+                {index_array(op, "lhs_indices", lhs_indices, x, stream), rhs},
+                stream);
   if (!lhs_indices) {
     const bool sorted_pairs =
         cuda::sorted_pairs(right_sorted, rhs.size(), indices[1].size());
@@ -222,7 +264,6 @@ mx::array gather_qmm(
             x,
             w,
             scales,
-            indices[0],
             indices[1],
             transpose ? w.shape(-2) : quantized_length,
             expert_scales,
@@ -238,43 +279,56 @@ mx::array gather_qmm(
       x,
       w,
       scales,
-      indices[0],
+      lhs_axes ? std::nullopt : std::optional(indices[0]),
       indices[1],
       expert_scales,
       format.mode,
       resolved_group_size,
       transpose,
       right_sorted,
-      stream);
+      stream,
+      lhs_axes.value_or(-1));
+}
+
+mx::array default_lhs_indices(
+    const mx::array& x, const mx::array& pair_rhs, mx::Stream stream) {
+  return mx::broadcast_arrays({batch_indices(x, stream), pair_rhs}, stream)[0];
 }
 
 mx::array fp_gather_qmm_unchecked(
     const mx::array& x,
     const mx::array& w,
     const mx::array& scales,
-    const mx::array& lhs_indices,
+    const std::optional<mx::array>& lhs_indices,
     const mx::array& rhs_indices,
     const std::optional<mx::array>& global_scale,
     Mode mode,
     int group_size,
     bool transpose,
     bool right_sorted,
-    mx::Stream stream) {
+    mx::Stream stream,
+    int lhs_axes) {
   // Row-contiguous arrays: a pair's operands are then whole matrices at
   // index * matrix size, and the indices are read in order (evaluated ones,
   // such as a model's weights, without a node in the graph).
   auto contiguous = [&](const mx::array& a) {
     return readable_in_place_copy(a, stream);
   };
+  auto rhs = contiguous(rhs_indices);
   auto inputs = make_gather_inputs(
       contiguous(x),
       contiguous(w),
       contiguous(scales),
-      contiguous(lhs_indices),
-      contiguous(rhs_indices),
+      lhs_indices ? contiguous(*lhs_indices) : rhs,
+      rhs,
       global_scale ? std::optional(contiguous(*global_scale)) : std::nullopt);
   auto primitive = std::make_shared<FpGatherQuantizedMatmul>(
-      stream, mode, group_size, transpose, right_sorted);
+      stream,
+      mode,
+      group_size,
+      transpose,
+      right_sorted,
+      lhs_indices ? -1 : lhs_axes);
   auto shape = primitive->output_shapes(inputs)[0];
   return mx::array(std::move(shape), x.dtype(), primitive, std::move(inputs));
 }

@@ -98,20 +98,28 @@ mx::array fp_qmm_unchecked(
     bool transpose,
     mx::Stream stream);
 
+// The lhs_indices that gather_qmm's default means: x's batch (0, 1, ...)
+// broadcast to the shape of the pairs' rhs_indices.
+mx::array default_lhs_indices(
+    const mx::array& x, const mx::array& pair_rhs, mx::Stream stream);
+
 // Builds the gather primitive on validated inputs: x (..., M, K), w and
-// scales (..., R, C) with E matrices, lhs_indices and rhs_indices uint32 of
-// one shape (the pairs), global_scale (E,).
+// scales (..., R, C) with E matrices, rhs_indices uint32 of the pairs'
+// shape, global_scale (E,), and either lhs_indices uint32 of that shape or,
+// without them, `lhs_axes`: x's batch is the pairs' first lhs_axes axes
+// broadcast over the others (implicit_lhs_divisor in primitives.h).
 mx::array fp_gather_qmm_unchecked(
     const mx::array& x,
     const mx::array& w,
     const mx::array& scales,
-    const mx::array& lhs_indices,
+    const std::optional<mx::array>& lhs_indices,
     const mx::array& rhs_indices,
     const std::optional<mx::array>& global_scale,
     Mode mode,
     int group_size,
     bool transpose,
     bool right_sorted,
-    mx::Stream stream);
+    mx::Stream stream,
+    int lhs_axes = -1);
 
 }  // namespace mlx_fpqmm

@@ -171,28 +171,30 @@ std::vector<mx::array> FpGatherQuantizedMatmul::vjp(
     const std::vector<mx::array>&) {
   check_gather_argnums("vjp", argnums);
   const auto& x = input(primals, GatherInput::x);
-  const auto& lhs = input(primals, GatherInput::lhs_indices);
+  const auto& rhs = input(primals, GatherInput::rhs_indices);
   const auto& cotangent = cotangents[0];
   auto s = stream();
   if (x.size() == 0) {
     return {mx::zeros_like(x, s)};
   }
-  // Per pair, cotangent @ W (the same weights with transpose flipped), then
-  // summed into the x matrices the pairs read.
-  auto pairs = mx::reshape(
-      mx::arange(static_cast<int>(lhs.size()), mx::uint32, s), lhs.shape(), s);
+  const auto lhs = lhs_axes_ < 0 ? input(primals, GatherInput::lhs_indices)
+                                 : default_lhs_indices(x, rhs, s);
+  // Per pair, cotangent @ W (the same weights with transpose flipped; pair p
+  // reads cotangent matrix p), then summed into the x matrices the pairs
+  // read.
   auto per_pair = fp_gather_qmm_unchecked(
       cotangent,
       input(primals, GatherInput::w),
       input(primals, GatherInput::scales),
-      pairs,
-      input(primals, GatherInput::rhs_indices),
+      std::nullopt,
+      rhs,
       global_scale_input(primals, GatherInput::global_scale),
       mode_,
       group_size_,
       !transpose_,
       false,
-      s);
+      s,
+      static_cast<int>(rhs.ndim()));
   int x_matrices = static_cast<int>(matrix_count(x));
   // A pair whose x index is out of range (its output was NaN) adds NaN to
   // matrix 0 rather than writing out of bounds.
@@ -223,14 +225,16 @@ std::vector<mx::array> FpGatherQuantizedMatmul::jvp(
       tangents[0],
       input(primals, GatherInput::w),
       input(primals, GatherInput::scales),
-      input(primals, GatherInput::lhs_indices),
+      lhs_axes_ < 0 ? std::optional(input(primals, GatherInput::lhs_indices))
+                    : std::nullopt,
       input(primals, GatherInput::rhs_indices),
       global_scale_input(primals, GatherInput::global_scale),
       mode_,
       group_size_,
       transpose_,
       right_sorted_,
-      stream())};
+      stream(),
+      lhs_axes_)};
 }
 
 bool FpDequantize::is_equivalent(const mx::Primitive& other) const {

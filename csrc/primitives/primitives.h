@@ -170,13 +170,27 @@ static_assert(
     static_cast<int>(GatherInput::rhs_indices) == 4 &&
     static_cast<int>(GatherInput::global_scale) == 5);
 
+// The divisor of a gather without lhs_indices (x's batch broadcast against
+// the pairs, as mlx-lm's layers call gather_qmm): pair p reads x matrix
+// p / divisor, the product of the pairs' axes from `lhs_axes` on (the axes
+// x broadcasts; the axes before them x's batch has as the pairs do).
+inline int64_t implicit_lhs_divisor(const mx::Shape& pairs, int lhs_axes) {
+  int64_t divisor = 1;
+  for (size_t axis = lhs_axes; axis < pairs.size(); ++axis) {
+    divisor *= pairs[axis];
+  }
+  return divisor;
+}
+
 // FpGatherQuantizedMatmul: for each pair b, y[b] = x[lhs[b]] @ dequant(
 // w[rhs[b]]).T (or without .T), the mixture-of-experts product behind
 // mx.gather_qmm. Inputs, all row-contiguous: x (..., M, K) and w, scales
 // (..., R, C), indexed by their flattened batch; lhs_indices and rhs_indices
 // uint32 of one shape (the pairs); for nvfp4 with global scales,
 // global_scale (E,). Output: the pairs' shape + (M, N). A pair with an index
-// out of range gets NaN rows.
+// out of range gets NaN rows. With `lhs_axes` >= 0 there is no lhs array:
+// lhs[b] is b / implicit_lhs_divisor, and the lhs_indices input is
+// rhs_indices again (no index nodes in a decoding model's graph).
 class FpGatherQuantizedMatmul : public FpPrimitive {
  public:
   FpGatherQuantizedMatmul(
@@ -184,9 +198,11 @@ class FpGatherQuantizedMatmul : public FpPrimitive {
       Mode mode,
       int group_size,
       bool transpose,
-      bool right_sorted)
+      bool right_sorted,
+      int lhs_axes)
       : FpPrimitive(stream, mode, group_size, transpose),
-        right_sorted_(right_sorted) {}
+        right_sorted_(right_sorted),
+        lhs_axes_(lhs_axes) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -209,11 +225,21 @@ class FpGatherQuantizedMatmul : public FpPrimitive {
       const std::vector<mx::array>& inputs) override;
 
   auto state() const {
-    return std::make_tuple(mode_, group_size_, transpose_, right_sorted_);
+    return std::make_tuple(
+        mode_, group_size_, transpose_, right_sorted_, lhs_axes_);
+  }
+
+  // 0 where lhs_indices is an array, else implicit_lhs_divisor.
+  int64_t lhs_divisor(const std::vector<mx::array>& inputs) const {
+    return lhs_axes_ < 0 ? 0
+                         : implicit_lhs_divisor(
+                               input(inputs, GatherInput::rhs_indices).shape(),
+                               lhs_axes_);
   }
 
  private:
   bool right_sorted_;
+  int lhs_axes_;
 };
 
 // FpDequantize: W dequantized in `dtype`, the first half of the ops'

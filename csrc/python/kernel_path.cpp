@@ -444,15 +444,19 @@ nb::dict plan_call(
   }
   QmmProblem problem;
   if (gather) {
-    auto [primitive_mode, primitive_group_size, primitive_transpose, sorted] =
-        static_cast<FpGatherQuantizedMatmul&>(node.primitive()).state();
+    const auto& primitive =
+        static_cast<FpGatherQuantizedMatmul&>(node.primitive());
+    auto
+        [primitive_mode, primitive_group_size, primitive_transpose, sorted, _] =
+            primitive.state();
     problem = describe_gather_problem(
         inputs,
         node.shape(),
         primitive_mode,
         primitive_group_size,
         primitive_transpose,
-        sorted);
+        sorted,
+        primitive.lhs_divisor(inputs));
   } else {
     auto [primitive_mode, primitive_group_size, primitive_transpose] =
         static_cast<FpQuantizedMatmul&>(node.primitive()).state();

@@ -62,7 +62,8 @@ QmmProblem describe_gather_problem(
     Mode mode,
     int group_size,
     bool transpose,
-    bool right_sorted) {
+    bool right_sorted,
+    int64_t lhs_divisor) {
   const auto& x = input(inputs, GatherInput::x);
   const auto& w = input(inputs, GatherInput::w);
   const auto& scales = input(inputs, GatherInput::scales);
@@ -82,8 +83,9 @@ QmmProblem describe_gather_problem(
   problem.right_sorted = right_sorted;
   problem.x_matrices = static_cast<int>(matrix_count(x));
   problem.w_matrices = static_cast<int>(matrix_count(w));
+  problem.lhs_divisor = static_cast<int>(lhs_divisor);
   problem.batch_shape = {
-      static_cast<int>(input(inputs, GatherInput::lhs_indices).size())};
+      static_cast<int>(input(inputs, GatherInput::rhs_indices).size())};
   return problem;
 }
 

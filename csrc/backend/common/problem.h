@@ -39,6 +39,8 @@ struct QmmProblem {
   bool gather = false;
   int x_matrices = 0;
   int w_matrices = 0;
+  // Not 0: there are no lhs_indices, pair z reads x matrix z / lhs_divisor.
+  int lhs_divisor = 0;
   // The caller says rhs_indices are sorted (mlx-lm's sorted tokens).
   bool right_sorted = false;
   // The CUDA plan's: the bytes that both x's and w's data pointers are a
@@ -75,6 +77,7 @@ QmmProblem describe_gather_problem(
     Mode mode,
     int group_size,
     bool transpose,
-    bool right_sorted);
+    bool right_sorted,
+    int64_t lhs_divisor = 0);
 
 }  // namespace mlx_fpqmm

@@ -37,10 +37,11 @@ void fill_nan(char* data, int64_t count, mx::Dtype dtype) {
   }
 }
 
-// True when `values[order[i]]` counts up by one from `values[order[0]]`.
-bool consecutive(const uint32_t* values, const int64_t* order, int64_t count) {
+// True when `value(order[i])` counts up by one from `value(order[0])`.
+template <typename Value>
+bool consecutive(const Value& value, const int64_t* order, int64_t count) {
   for (int64_t i = 1; i < count; ++i) {
-    if (values[order[i]] != values[order[0]] + i) {
+    if (value(order[i]) != value(order[0]) + i) {
       return false;
     }
   }
@@ -55,20 +56,26 @@ void FpGatherQuantizedMatmul::eval_cpu(
       stream(),
       inputs,
       out,
-      [mode = mode_, group_size = group_size_, transpose = transpose_](
+      [mode = mode_,
+       group_size = group_size_,
+       transpose = transpose_,
+       lhs_divisor = lhs_divisor(inputs)](
           const std::vector<mx::array>& inputs, mx::array& out) {
         const auto& x = input(inputs, GatherInput::x);
         const auto& w = input(inputs, GatherInput::w);
         const auto& scales = input(inputs, GatherInput::scales);
-        const auto& lhs_indices = input(inputs, GatherInput::lhs_indices);
-        const uint32_t* lhs = lhs_indices.data<uint32_t>();
-        const uint32_t* rhs =
-            input(inputs, GatherInput::rhs_indices).data<uint32_t>();
+        const auto& rhs_indices = input(inputs, GatherInput::rhs_indices);
+        const uint32_t* lhs_data =
+            input(inputs, GatherInput::lhs_indices).data<uint32_t>();
+        const uint32_t* rhs = rhs_indices.data<uint32_t>();
+        auto lhs = [&](int64_t pair) -> int64_t {
+          return lhs_divisor ? pair / lhs_divisor : lhs_data[pair];
+        };
         const float* expert_scales =
             has_expert_scales(inputs)
                 ? input(inputs, GatherInput::global_scale).data<float>()
                 : nullptr;
-        const int64_t pairs = lhs_indices.size();
+        const int64_t pairs = rhs_indices.size();
         const int64_t M = out.shape(-2);
         const int64_t N = out.shape(-1);
         const int64_t K = x.shape(-1);
@@ -87,7 +94,7 @@ void FpGatherQuantizedMatmul::eval_cpu(
         // range get NaN rows.
         std::vector<int64_t> starts(experts + 1, 0);
         for (int64_t b = 0; b < pairs; ++b) {
-          if (lhs[b] < x_matrices && rhs[b] < experts) {
+          if (lhs(b) < x_matrices && rhs[b] < experts) {
             ++starts[rhs[b] + 1];
           } else {
             fill_nan(out_data + b * out_size, M * N, out.dtype());
@@ -99,7 +106,7 @@ void FpGatherQuantizedMatmul::eval_cpu(
         std::vector<int64_t> order(starts.back());
         std::vector<int64_t> next(starts.begin(), starts.end() - 1);
         for (int64_t b = 0; b < pairs; ++b) {
-          if (lhs[b] < x_matrices && rhs[b] < experts) {
+          if (lhs(b) < x_matrices && rhs[b] < experts) {
             order[next[rhs[b]]++] = b;
           }
         }
@@ -117,13 +124,13 @@ void FpGatherQuantizedMatmul::eval_cpu(
           const bool x_in_place = consecutive(lhs, run, count);
           const bool out_in_place =
               run[count - 1] - run[0] == count - 1;  // run is increasing
-          const char* panel = x_data + lhs[run[0]] * x_size;
+          const char* panel = x_data + lhs(run[0]) * x_size;
           if (!x_in_place) {
             x_panel.resize(count * x_size);
             for (int64_t i = 0; i < count; ++i) {
               std::memcpy(
                   x_panel.data() + i * x_size,
-                  x_data + lhs[run[i]] * x_size,
+                  x_data + lhs(run[i]) * x_size,
                   x_size);
             }
             panel = x_panel.data();

@@ -325,7 +325,13 @@ void FpGatherQuantizedMatmul::eval_gpu(
     return;
   }
   auto problem = describe_gather_problem(
-      inputs, out.shape(), mode_, group_size_, transpose_, right_sorted_);
+      inputs,
+      out.shape(),
+      mode_,
+      group_size_,
+      transpose_,
+      right_sorted_,
+      lhs_divisor(inputs));
   problem.pointer_alignment = matrices_alignment<GatherInput>(inputs);
   problem.scales_alignment =
       pointer_alignment({&input(inputs, GatherInput::scales)});
@@ -333,6 +339,7 @@ void FpGatherQuantizedMatmul::eval_gpu(
     bind_matrices<GatherInput>(args, inputs);
     args.lhs_indices =
         mx::gpu_ptr<uint32_t>(input(inputs, GatherInput::lhs_indices));
+    args.lhs_divisor = problem.lhs_divisor;
     args.rhs_indices =
         mx::gpu_ptr<uint32_t>(input(inputs, GatherInput::rhs_indices));
   });

@@ -203,6 +203,7 @@ void bind_buffers(const QmmProblem& p, KernelPlan& plan) {
     b.push_back({FPQMM_BUFFER_RHS_INDICES, Operand::rhs_indices});
     b.push_back({FPQMM_BUFFER_X_MATRICES, int32_t(p.x_matrices)});
     b.push_back({FPQMM_BUFFER_W_MATRICES, int32_t(p.w_matrices)});
+    b.push_back({FPQMM_BUFFER_LHS_DIVISOR, int32_t(p.lhs_divisor)});
   }
 }
 

@@ -17,8 +17,8 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/metal/device.h"
 
-#include "backend/metal/plan.h"
 #include "backend/common/problem.h"
+#include "backend/metal/plan.h"
 
 namespace mlx_fpqmm {
 
@@ -175,7 +175,13 @@ void FpGatherQuantizedMatmul::eval_gpu(
   }
   // Every input is row-contiguous (fp_gather_qmm_unchecked makes it so).
   auto problem = describe_gather_problem(
-      inputs, out.shape(), mode_, group_size_, transpose_, right_sorted_);
+      inputs,
+      out.shape(),
+      mode_,
+      group_size_,
+      transpose_,
+      right_sorted_,
+      lhs_divisor(inputs));
   run_plan(plan_on(problem, stream()), stream(), out, [&](metal::Operand o) {
     return input(inputs, metal::gather_input_of(o));
   });

@@ -241,6 +241,7 @@ __device__ __forceinline__ void grouped_runs(const QmmArgs& args, Body&& body) {
     const GatheredRows rows{
         args.pair_order + run.first,
         args.lhs_indices,
+        args.lhs_divisor,
         uint32_t(args.x_matrices)};
     body(op, rows, int(run.count), r);
     __syncthreads();

@@ -57,6 +57,12 @@ __device__ __forceinline__ Operands<T, encoding> expert_operands(
       valid};
 }
 
+// Gather pair `pair`'s x matrix (QmmArgs::lhs_divisor).
+__device__ __forceinline__ uint32_t
+lhs_index(const uint32_t* lhs_indices, int lhs_divisor, int64_t pair) {
+  return lhs_divisor != 0 ? uint32_t(pair / lhs_divisor) : lhs_indices[pair];
+}
+
 // The operands of batch element (or gather pair) `batch`. Without gather, x,
 // w and scales move by their strides (broadcast axes have stride 0); with
 // it, whole row-contiguous matrices are picked by the indices.
@@ -67,7 +73,7 @@ __device__ __forceinline__ Operands<T, encoding> batch_operands(
   const auto* x = static_cast<const T*>(args.x);
   const auto* scales = static_cast<const S*>(args.scales);
   if (args.lhs_indices) {
-    const uint32_t lhs = args.lhs_indices[batch];
+    const uint32_t lhs = lhs_index(args.lhs_indices, args.lhs_divisor, batch);
     const uint32_t rhs = args.rhs_indices[batch];
     const bool valid =
         lhs < uint32_t(args.x_matrices) && rhs < uint32_t(args.w_matrices);
@@ -99,8 +105,8 @@ __device__ __forceinline__ Operands<T, encoding> batch_operands(
 
 // Where the rows of a block's x and y are: ContiguousRows, row m of the
 // product's matrices; GatheredRows, a run of gather pairs of one row each
-// (pair order[m]: x row lhs_indices[pair], y row pair), whose outputs are
-// NaN where lhs_indices[pair] is out of range.
+// (pair order[m]: x row lhs_index(pair), y row pair), whose outputs are NaN
+// where that is out of range.
 struct ContiguousRows {
   __device__ __forceinline__ int64_t x(int m) const {
     return m;
@@ -116,16 +122,17 @@ struct ContiguousRows {
 struct GatheredRows {
   const uint32_t* order;
   const uint32_t* lhs_indices;
+  int lhs_divisor;
   uint32_t x_matrices;
 
   __device__ __forceinline__ int64_t x(int m) const {
-    return valid(m) ? lhs_indices[order[m]] : 0;
+    return valid(m) ? lhs_index(lhs_indices, lhs_divisor, order[m]) : 0;
   }
   __device__ __forceinline__ int64_t y(int m) const {
     return order[m];
   }
   __device__ __forceinline__ bool valid(int m) const {
-    return lhs_indices[order[m]] < x_matrices;
+    return lhs_index(lhs_indices, lhs_divisor, order[m]) < x_matrices;
   }
 };
 

@@ -135,6 +135,7 @@ __global__ void __launch_bounds__(kWgmmaTileXThreads)
           const GatheredRows rows{
               args.pair_order + run.first,
               args.lhs_indices,
+              args.lhs_divisor,
               uint32_t(args.x_matrices)};
           return m < int(run.count) && rows.valid(m) ? rows.x(m) : int64_t(-1);
         },

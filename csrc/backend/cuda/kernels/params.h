@@ -253,9 +253,10 @@ struct StridedCopyArgs {
 
 // Every kernel's one parameter. Pointers are device pointers; element
 // strides per batch axis (w in uint32 words, scales in scale elements).
-// Gather: pair z multiplies x matrix lhs_indices[z] with W matrix
-// rhs_indices[z] of row-contiguous matrices; an index out of range makes the
-// pair's outputs NaN. global_scale: nvfp4's global scale (null without),
+// Gather: pair z multiplies x matrix lhs_indices[z] (z / lhs_divisor where
+// that is not 0: the gather has no lhs_indices) with W matrix rhs_indices[z]
+// of row-contiguous matrices; an index out of range makes the pair's outputs
+// NaN. global_scale: nvfp4's global scale (null without),
 // one value, or with gather one per W matrix.
 struct QmmArgs {
   const uint32_t* w;
@@ -276,6 +277,7 @@ struct QmmArgs {
   int64_t batch_count;  // pairs with gather
   // Gather; fp_dequantize: w_matrices global scales (1: one for all).
   int x_matrices, w_matrices;
+  int lhs_divisor;
   int split_k;       // 1: no split
   int split_k_step;  // codes of K per split, a multiple of the stage
   // Grouped gather's scratch, written by fp_group_pairs: the pairs in order

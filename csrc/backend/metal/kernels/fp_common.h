@@ -53,7 +53,8 @@ constant bool has_global_scale [[function_constant(FPQMM_CONSTANT_HAS_GLOBAL_SCA
   const device uint32_t *lhs_indices [[buffer(FPQMM_BUFFER_LHS_INDICES)]],     \
       const device uint32_t *rhs_indices [[buffer(FPQMM_BUFFER_RHS_INDICES)]], \
       constant int &x_matrices [[buffer(FPQMM_BUFFER_X_MATRICES)]],            \
-      constant int &w_matrices [[buffer(FPQMM_BUFFER_W_MATRICES)]]
+      constant int &w_matrices [[buffer(FPQMM_BUFFER_W_MATRICES)]],            \
+      constant uint &lhs_divisor [[buffer(FPQMM_BUFFER_LHS_DIVISOR)]]
 // The names FPQMM_BUFFERS declares, in batch_operands' order.
 #define FPQMM_BUFFER_NAMES                                          \
   w, scales, global_scale, x, y, M, N, K, batch_ndims, batch_shape, \
@@ -65,7 +66,7 @@ constant bool has_global_scale [[function_constant(FPQMM_CONSTANT_HAS_GLOBAL_SCA
 // FPQMM_GATHER_BUFFERS, in its order.
 #define FPQMM_GATHER_NAMES                                          \
   w, scales, global_scale, x, y, M, N, K, lhs_indices, rhs_indices, \
-      x_matrices, w_matrices
+      x_matrices, w_matrices, lhs_divisor
 
 // The matrices of one product and their shape: y (M x N) = x (M x K) times
 // W (N x K, transpose) or W (K x N).
@@ -149,8 +150,8 @@ inline Operands<T> expert_operands(
   return {w + expert * (codes * bits / 32), group_scales, x, y, M, N, K};
 }
 
-// The operands of gather pair `pair`: x matrix lhs_indices[pair] and W
-// matrix rhs_indices[pair]; y is contiguous.
+// The operands of gather pair `pair`: x matrix lhs_indices[pair] (or
+// pair / lhs_divisor) and W matrix rhs_indices[pair]; y is contiguous.
 template <typename T, int bits>
 inline Operands<T> gather_operands(
     const device uint32_t* w,
@@ -165,8 +166,9 @@ inline Operands<T> gather_operands(
     const device uint32_t* rhs_indices,
     int x_matrices,
     int w_matrices,
+    uint lhs_divisor,
     uint pair) {
-  const uint lhs = lhs_indices[pair];
+  const uint lhs = lhs_divisor != 0 ? pair / lhs_divisor : lhs_indices[pair];
   const uint rhs = rhs_indices[pair];
   const bool valid = lhs < uint(x_matrices) && rhs < uint(w_matrices);
   return expert_operands<T, bits>(

@@ -24,7 +24,8 @@ namespace fpqmm {
 #define FPQMM_BUFFER_W_BATCH_STRIDES 11       // in uint32 words
 #define FPQMM_BUFFER_SCALES_BATCH_STRIDES 12  // in scale elements
 // Gather kernels (mixture of experts): pair z multiplies x matrix
-// lhs_indices[z] with W matrix rhs_indices[z]; the counts bound the indices.
+// lhs_indices[z] (z / lhs_divisor where the divisor is not 0) with W matrix
+// rhs_indices[z]; the counts bound the indices.
 #define FPQMM_BUFFER_LHS_INDICES 13
 #define FPQMM_BUFFER_RHS_INDICES 14
 #define FPQMM_BUFFER_X_MATRICES 15
@@ -33,6 +34,7 @@ namespace fpqmm {
 #define FPQMM_BUFFER_PARTIALS 17
 #define FPQMM_BUFFER_SPLIT_K_STEP 18
 #define FPQMM_BUFFER_SPLITS 19
+#define FPQMM_BUFFER_LHS_DIVISOR 20
 #define FPQMM_CONSTANT_GROUP_SIZE 100
 #define FPQMM_CONSTANT_SCALE_ENCODING 101
 #define FPQMM_CONSTANT_HAS_GLOBAL_SCALE 102
