@@ -4,9 +4,10 @@ On a CUDA machine with mlx_fpqmm installed (tools/gpu/check build): per product
 of a graph of 64, ``mlx_fpqmm.gather_qmm`` against ``mx.gather_qmm`` for one
 token routed to 4 of 32 experts of 2880 x 2880 (mxfp4, bfloat16 x, 4 copies of
 the experts: 532 MB), in mlx-lm's unsorted and sorted layouts, and graphs of
-only the index nodes the op adds for the unsorted layout (arange, reshape,
-broadcast, contiguous) and of an arange alone. Then the kernel path of each
-layout. Run: ``python3 tools/gpu/gather_overhead.py``.
+only the index nodes the op built for the unsorted layout until it read x's
+matrices as pair / divisor (arange, reshape, broadcast, contiguous) and of an
+arange alone. Then the kernel path of each layout. Run:
+``python3 tools/gpu/gather_overhead.py``.
 """
 
 import mlx.core as mx
