@@ -463,6 +463,29 @@ def test_gather_16384_tokens_top_4(kernel, monkeypatch):
     assert float(mx.max(mx.abs(y - on_cpu))) < TOLERANCE[mx.bfloat16] * magnitude
 
 
+@pytest.mark.parametrize(
+    "kernel", ["auto", "simple", "dequantize", "grouped", "tiled", "wgmma", "qmv"]
+)
+def test_gather_unsorted_layout_many_tokens(kernel, monkeypatch):
+    """mlx-lm's unsorted layout, x (tokens, 1, 1, K) and indices (tokens, 4): pair p reads
+    x's matrix p / 4 (no index array) in every path, against the CPU."""
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", kernel)
+    E, N, K, tokens = 32, 64, 128, 1024
+    w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
+    rng = np.random.default_rng(2)
+    rhs = mx.array(np.stack([rng.permutation(E)[:4] for _ in range(tokens)]).astype(np.uint32))
+    x = mx.random.normal((tokens, 1, 1, K)).astype(mx.bfloat16)
+
+    def gather(stream):
+        y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=rhs, mode="mxfp4", stream=stream)
+        return y.astype(mx.float32)
+
+    y, on_cpu = gather(GPU), gather(mx.cpu)
+    assert y.shape == (tokens, 4, 1, N)
+    magnitude = float(mx.max(mx.abs(on_cpu)))
+    assert float(mx.max(mx.abs(y - on_cpu))) < TOLERANCE[mx.bfloat16] * magnitude
+
+
 @pytest.mark.parametrize("kernel", ["auto", "dequantize"])
 def test_gather_out_of_range_indices_give_nan_rows(kernel, monkeypatch):
     """With lhs_indices the primitive runs, whatever is requested."""

@@ -154,6 +154,25 @@ def test_compile_shapeless_without_lhs_indices(first_tokens):
         np.testing.assert_array_equal(np.array(y), np.array(f(x, rhs)))
 
 
+def test_compile_shapeless_one_x_matrix():
+    """Traced where x's one matrix and the one pair line up (x (1, 1, K), indices (1,)),
+    then run on 3 pairs: each reads x's one matrix, as without compile. An x of 3 matrices
+    against one index, which that graph cannot take, is an error, not a wrong shape."""
+    w_q, scales, _ = quantized_experts("mxfp4", 4, 32, 64)
+    mx.eval(w_q, scales)
+
+    def f(x, rhs):
+        return mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=rhs, mode="mxfp4")
+
+    compiled = mx.compile(f, shapeless=True)
+    x = mx.random.normal((1, 1, 64))
+    for pairs in (1, 3):
+        rhs = mx.array(np.arange(pairs, dtype=np.uint32))
+        np.testing.assert_array_equal(np.array(compiled(x, rhs)), np.array(f(x, rhs)))
+    with pytest.raises(ValueError, match="no longer broadcasts"):
+        compiled(mx.random.normal((3, 1, 64)), mx.array([1], dtype=mx.uint32))
+
+
 @pytest.mark.parametrize("mode", MLX_MODES)
 @pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
 def test_same_as_mlx_gather_qmm(mode, transpose):

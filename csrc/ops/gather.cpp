@@ -1,6 +1,5 @@
 #include "ops/ops.h"
 
-#include <algorithm>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -41,27 +40,6 @@ mx::array index_array(
             dtype_string(indices->dtype()) + ".");
   }
   return mx::astype(*indices, mx::uint32, s);
-}
-
-// The pairs' leading axes that x's batch has as they are, where it is 1 on
-// the others: then pair p reads x matrix p / implicit_lhs_divisor. Axes of
-// size 1 in both count as x's own (a graph compiled without shapes at one
-// token then runs on more); axes x lacks (broadcasting aligns on the right)
-// as broadcast. None where x's batch broadcasts otherwise.
-std::optional<int> implicit_lhs_axes(
-    const mx::Shape& x_batch, const mx::Shape& pairs) {
-  const int rank = static_cast<int>(pairs.size());
-  const int missing = rank - static_cast<int>(x_batch.size());
-  int axes = 0;
-  while (missing == 0 && axes < rank && x_batch[axes] == pairs[axes]) {
-    ++axes;
-  }
-  for (int axis = std::max(axes, missing); axis < rank; ++axis) {
-    if (x_batch[axis - missing] != 1) {
-      return std::nullopt;
-    }
-  }
-  return axes;
 }
 
 // gather_mm(x, w, lhs_indices, rhs_indices) for pairs of one row (x (...,
@@ -246,13 +224,11 @@ mx::array gather_qmm(
   const bool right_sorted = sorted_indices && !lhs_indices;
   // mlx-lm's layouts (rhs_indices of the pairs' shape, x's matrices in
   // order) need no index array for x's matrices.
-  std::optional<int> lhs_axes;
-  if (!lhs_indices && rhs.shape() == pairs) {
-    lhs_axes = implicit_lhs_axes(lhs_shape, pairs);
-  }
+  const bool implicit_lhs = !lhs_indices && rhs.shape() == pairs &&
+                            implicit_lhs_axes(lhs_shape, pairs);
   // broadcast_arrays (not broadcast_to): shapeless compilation re-infers it.
   auto indices =
-      lhs_axes
+      implicit_lhs
           ? std::vector<mx::array>{rhs, rhs}
           : mx::broadcast_arrays(
                 {index_array(op, "lhs_indices", lhs_indices, x, stream), rhs},
@@ -279,15 +255,14 @@ mx::array gather_qmm(
       x,
       w,
       scales,
-      lhs_axes ? std::nullopt : std::optional(indices[0]),
+      implicit_lhs ? std::nullopt : std::optional(indices[0]),
       indices[1],
       expert_scales,
       format.mode,
       resolved_group_size,
       transpose,
       right_sorted,
-      stream,
-      lhs_axes.value_or(-1));
+      stream);
 }
 
 mx::array default_lhs_indices(
@@ -306,8 +281,7 @@ mx::array fp_gather_qmm_unchecked(
     int group_size,
     bool transpose,
     bool right_sorted,
-    mx::Stream stream,
-    int lhs_axes) {
+    mx::Stream stream) {
   // Row-contiguous arrays: a pair's operands are then whole matrices at
   // index * matrix size, and the indices are read in order (evaluated ones,
   // such as a model's weights, without a node in the graph).
@@ -323,12 +297,7 @@ mx::array fp_gather_qmm_unchecked(
       rhs,
       global_scale ? std::optional(contiguous(*global_scale)) : std::nullopt);
   auto primitive = std::make_shared<FpGatherQuantizedMatmul>(
-      stream,
-      mode,
-      group_size,
-      transpose,
-      right_sorted,
-      lhs_indices ? -1 : lhs_axes);
+      stream, mode, group_size, transpose, right_sorted, !lhs_indices);
   auto shape = primitive->output_shapes(inputs)[0];
   return mx::array(std::move(shape), x.dtype(), primitive, std::move(inputs));
 }

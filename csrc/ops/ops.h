@@ -105,9 +105,8 @@ mx::array default_lhs_indices(
 
 // Builds the gather primitive on validated inputs: x (..., M, K), w and
 // scales (..., R, C) with E matrices, rhs_indices uint32 of the pairs'
-// shape, global_scale (E,), and either lhs_indices uint32 of that shape or,
-// without them, `lhs_axes`: x's batch is the pairs' first lhs_axes axes
-// broadcast over the others (implicit_lhs_divisor in primitives.h).
+// shape, global_scale (E,), and lhs_indices uint32 of that shape or none,
+// x's batch then being of implicit_lhs_axes' form (primitives.h).
 mx::array fp_gather_qmm_unchecked(
     const mx::array& x,
     const mx::array& w,
@@ -119,7 +118,6 @@ mx::array fp_gather_qmm_unchecked(
     int group_size,
     bool transpose,
     bool right_sorted,
-    mx::Stream stream,
-    int lhs_axes = -1);
+    mx::Stream stream);
 
 }  // namespace mlx_fpqmm

@@ -7,6 +7,7 @@
 
 #include "mlx/ops.h"
 
+#include "ops/checks.h"
 #include "ops/ops.h"
 
 namespace mlx_fpqmm {
@@ -151,8 +152,34 @@ void check_gather_argnums(
 
 }  // namespace
 
+int64_t FpGatherQuantizedMatmul::lhs_divisor(
+    const std::vector<mx::array>& inputs) const {
+  if (!implicit_lhs_) {
+    return 0;
+  }
+  const auto& x = input(inputs, GatherInput::x);
+  const auto& pairs = input(inputs, GatherInput::rhs_indices).shape();
+  const mx::Shape x_batch(x.shape().begin(), x.shape().end() - 2);
+  const auto axes = implicit_lhs_axes(x_batch, pairs);
+  if (!axes) {
+    throw std::invalid_argument(
+        "[gather_qmm] x of shape " + shape_string(x.shape()) +
+        " no longer broadcasts against rhs_indices of shape " +
+        shape_string(pairs) +
+        " as the graph was built for (x's batch the indices' leading axes, "
+        "1 on the others): compile without shapeless, or pass "
+        "lhs_indices.");
+  }
+  int64_t divisor = 1;
+  for (size_t axis = *axes; axis < pairs.size(); ++axis) {
+    divisor *= pairs[axis];
+  }
+  return divisor;
+}
+
 std::vector<mx::Shape> FpGatherQuantizedMatmul::output_shapes(
     const std::vector<mx::array>& inputs) {
+  lhs_divisor(inputs);  // checks the shapes of a shapeless graph
   auto shape = input(inputs, GatherInput::lhs_indices).shape();
   shape.push_back(input(inputs, GatherInput::x).shape(-2));
   shape.push_back(output_columns(input(inputs, GatherInput::w)));
@@ -177,8 +204,8 @@ std::vector<mx::array> FpGatherQuantizedMatmul::vjp(
   if (x.size() == 0) {
     return {mx::zeros_like(x, s)};
   }
-  const auto lhs = lhs_axes_ < 0 ? input(primals, GatherInput::lhs_indices)
-                                 : default_lhs_indices(x, rhs, s);
+  const auto lhs = implicit_lhs_ ? default_lhs_indices(x, rhs, s)
+                                 : input(primals, GatherInput::lhs_indices);
   // Per pair, cotangent @ W (the same weights with transpose flipped; pair p
   // reads cotangent matrix p), then summed into the x matrices the pairs
   // read.
@@ -193,8 +220,7 @@ std::vector<mx::array> FpGatherQuantizedMatmul::vjp(
       group_size_,
       !transpose_,
       false,
-      s,
-      static_cast<int>(rhs.ndim()));
+      s);
   int x_matrices = static_cast<int>(matrix_count(x));
   // A pair whose x index is out of range (its output was NaN) adds NaN to
   // matrix 0 rather than writing out of bounds.
@@ -225,16 +251,15 @@ std::vector<mx::array> FpGatherQuantizedMatmul::jvp(
       tangents[0],
       input(primals, GatherInput::w),
       input(primals, GatherInput::scales),
-      lhs_axes_ < 0 ? std::optional(input(primals, GatherInput::lhs_indices))
-                    : std::nullopt,
+      implicit_lhs_ ? std::nullopt
+                    : std::optional(input(primals, GatherInput::lhs_indices)),
       input(primals, GatherInput::rhs_indices),
       global_scale_input(primals, GatherInput::global_scale),
       mode_,
       group_size_,
       transpose_,
       right_sorted_,
-      stream(),
-      lhs_axes_)};
+      stream())};
 }
 
 bool FpDequantize::is_equivalent(const mx::Primitive& other) const {

@@ -2,6 +2,7 @@
 // and FpGatherQuantizedMatmul, its mixture-of-experts (gather) form.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <optional>
 #include <string_view>
@@ -170,16 +171,26 @@ static_assert(
     static_cast<int>(GatherInput::rhs_indices) == 4 &&
     static_cast<int>(GatherInput::global_scale) == 5);
 
-// The divisor of a gather without lhs_indices (x's batch broadcast against
-// the pairs, as mlx-lm's layers call gather_qmm): pair p reads x matrix
-// p / divisor, the product of the pairs' axes from `lhs_axes` on (the axes
-// x broadcasts; the axes before them x's batch has as the pairs do).
-inline int64_t implicit_lhs_divisor(const mx::Shape& pairs, int lhs_axes) {
-  int64_t divisor = 1;
-  for (size_t axis = lhs_axes; axis < pairs.size(); ++axis) {
-    divisor *= pairs[axis];
+// A gather without lhs_indices, x's batch broadcast against the pairs'
+// shape: the pairs' leading axes that x's batch has as they are, where it
+// is 1 on the others (as mlx-lm's layers call gather_qmm); pair p then reads
+// x matrix p / the product of the other axes. Axes of size 1 in both count
+// as x's own, axes x lacks (broadcasting aligns on the right) as broadcast.
+// None where x's batch broadcasts otherwise.
+inline std::optional<int> implicit_lhs_axes(
+    const mx::Shape& x_batch, const mx::Shape& pairs) {
+  const int rank = static_cast<int>(pairs.size());
+  const int missing = rank - static_cast<int>(x_batch.size());
+  int axes = 0;
+  while (missing == 0 && axes < rank && x_batch[axes] == pairs[axes]) {
+    ++axes;
   }
-  return divisor;
+  for (int axis = std::max(axes, missing); axis < rank; ++axis) {
+    if (x_batch[axis - missing] != 1) {
+      return std::nullopt;
+    }
+  }
+  return axes;
 }
 
 // FpGatherQuantizedMatmul: for each pair b, y[b] = x[lhs[b]] @ dequant(
@@ -188,9 +199,10 @@ inline int64_t implicit_lhs_divisor(const mx::Shape& pairs, int lhs_axes) {
 // (..., R, C), indexed by their flattened batch; lhs_indices and rhs_indices
 // uint32 of one shape (the pairs); for nvfp4 with global scales,
 // global_scale (E,). Output: the pairs' shape + (M, N). A pair with an index
-// out of range gets NaN rows. With `lhs_axes` >= 0 there is no lhs array:
-// lhs[b] is b / implicit_lhs_divisor, and the lhs_indices input is
-// rhs_indices again (no index nodes in a decoding model's graph).
+// out of range gets NaN rows. With `implicit_lhs` there is no lhs array
+// (no index nodes in a decoding model's graph): lhs[b] is b / lhs_divisor,
+// from the shapes at evaluation (a graph compiled without shapes may change
+// them), and the lhs_indices input is rhs_indices again.
 class FpGatherQuantizedMatmul : public FpPrimitive {
  public:
   FpGatherQuantizedMatmul(
@@ -199,10 +211,10 @@ class FpGatherQuantizedMatmul : public FpPrimitive {
       int group_size,
       bool transpose,
       bool right_sorted,
-      int lhs_axes)
+      bool implicit_lhs)
       : FpPrimitive(stream, mode, group_size, transpose),
         right_sorted_(right_sorted),
-        lhs_axes_(lhs_axes) {}
+        implicit_lhs_(implicit_lhs) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -226,20 +238,16 @@ class FpGatherQuantizedMatmul : public FpPrimitive {
 
   auto state() const {
     return std::make_tuple(
-        mode_, group_size_, transpose_, right_sorted_, lhs_axes_);
+        mode_, group_size_, transpose_, right_sorted_, implicit_lhs_);
   }
 
-  // 0 where lhs_indices is an array, else implicit_lhs_divisor.
-  int64_t lhs_divisor(const std::vector<mx::array>& inputs) const {
-    return lhs_axes_ < 0 ? 0
-                         : implicit_lhs_divisor(
-                               input(inputs, GatherInput::rhs_indices).shape(),
-                               lhs_axes_);
-  }
+  // 0 where lhs_indices is an array, else the divisor for these inputs'
+  // shapes (std::invalid_argument where they lost implicit_lhs_axes' form).
+  int64_t lhs_divisor(const std::vector<mx::array>& inputs) const;
 
  private:
   bool right_sorted_;
-  int lhs_axes_;
+  bool implicit_lhs_;
 };
 
 // FpDequantize: W dequantized in `dtype`, the first half of the ops'

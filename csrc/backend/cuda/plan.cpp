@@ -903,6 +903,7 @@ fpqmm::cuda::QmmArgs kernel_args(
   }
   args.batch_count = plan.batch_count;
   args.x_matrices = problem.x_matrices;
+  args.lhs_divisor = problem.lhs_divisor;
   args.w_matrices = problem.w_matrices;
   args.split_k = plan.split_k;
   args.split_k_step = plan.split_k_step;

@@ -339,7 +339,6 @@ void FpGatherQuantizedMatmul::eval_gpu(
     bind_matrices<GatherInput>(args, inputs);
     args.lhs_indices =
         mx::gpu_ptr<uint32_t>(input(inputs, GatherInput::lhs_indices));
-    args.lhs_divisor = problem.lhs_divisor;
     args.rhs_indices =
         mx::gpu_ptr<uint32_t>(input(inputs, GatherInput::rhs_indices));
   });
