@@ -444,19 +444,10 @@ nb::dict plan_call(
   }
   QmmProblem problem;
   if (gather) {
-    const auto& primitive =
-        static_cast<FpGatherQuantizedMatmul&>(node.primitive());
-    auto
-        [primitive_mode, primitive_group_size, primitive_transpose, sorted, _] =
-            primitive.state();
     problem = describe_gather_problem(
+        static_cast<FpGatherQuantizedMatmul&>(node.primitive()),
         inputs,
-        node.shape(),
-        primitive_mode,
-        primitive_group_size,
-        primitive_transpose,
-        sorted,
-        primitive.lhs_divisor(inputs));
+        node.shape());
   } else {
     auto [primitive_mode, primitive_group_size, primitive_transpose] =
         static_cast<FpQuantizedMatmul&>(node.primitive()).state();

@@ -89,4 +89,20 @@ QmmProblem describe_gather_problem(
   return problem;
 }
 
+QmmProblem describe_gather_problem(
+    const FpGatherQuantizedMatmul& primitive,
+    const std::vector<mx::array>& inputs,
+    const mx::Shape& out_shape) {
+  const auto [mode, group_size, transpose, right_sorted, implicit_lhs] =
+      primitive.state();
+  return describe_gather_problem(
+      inputs,
+      out_shape,
+      mode,
+      group_size,
+      transpose,
+      right_sorted,
+      primitive.lhs_divisor(inputs));
+}
+
 }  // namespace mlx_fpqmm

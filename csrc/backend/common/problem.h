@@ -80,4 +80,10 @@ QmmProblem describe_gather_problem(
     bool right_sorted,
     int64_t lhs_divisor = 0);
 
+// The same for the inputs of `primitive`'s node, with its state.
+QmmProblem describe_gather_problem(
+    const FpGatherQuantizedMatmul& primitive,
+    const std::vector<mx::array>& inputs,
+    const mx::Shape& out_shape);
+
 }  // namespace mlx_fpqmm

@@ -59,7 +59,7 @@ void FpGatherQuantizedMatmul::eval_cpu(
       [mode = mode_,
        group_size = group_size_,
        transpose = transpose_,
-       lhs_divisor = lhs_divisor(inputs)](
+       divisor = lhs_divisor(inputs)](
           const std::vector<mx::array>& inputs, mx::array& out) {
         const auto& x = input(inputs, GatherInput::x);
         const auto& w = input(inputs, GatherInput::w);
@@ -69,7 +69,7 @@ void FpGatherQuantizedMatmul::eval_cpu(
             input(inputs, GatherInput::lhs_indices).data<uint32_t>();
         const uint32_t* rhs = rhs_indices.data<uint32_t>();
         auto lhs = [&](int64_t pair) -> int64_t {
-          return lhs_divisor ? pair / lhs_divisor : lhs_data[pair];
+          return divisor ? pair / divisor : lhs_data[pair];
         };
         const float* expert_scales =
             has_expert_scales(inputs)

@@ -324,14 +324,7 @@ void FpGatherQuantizedMatmul::eval_gpu(
     out.set_data(mx::allocator::malloc(0));
     return;
   }
-  auto problem = describe_gather_problem(
-      inputs,
-      out.shape(),
-      mode_,
-      group_size_,
-      transpose_,
-      right_sorted_,
-      lhs_divisor(inputs));
+  auto problem = describe_gather_problem(*this, inputs, out.shape());
   problem.pointer_alignment = matrices_alignment<GatherInput>(inputs);
   problem.scales_alignment =
       pointer_alignment({&input(inputs, GatherInput::scales)});

@@ -174,14 +174,7 @@ void FpGatherQuantizedMatmul::eval_gpu(
     return;
   }
   // Every input is row-contiguous (fp_gather_qmm_unchecked makes it so).
-  auto problem = describe_gather_problem(
-      inputs,
-      out.shape(),
-      mode_,
-      group_size_,
-      transpose_,
-      right_sorted_,
-      lhs_divisor(inputs));
+  auto problem = describe_gather_problem(*this, inputs, out.shape());
   run_plan(plan_on(problem, stream()), stream(), out, [&](metal::Operand o) {
     return input(inputs, metal::gather_input_of(o));
   });
