@@ -256,7 +256,8 @@ def test_gather_dequantize_request():
 )
 def test_gather_groups_pairs_by_expert_from_8_pairs(pairs, expected):
     """Pairs of one row each: below 8 the per-pair decode kernels, then grouped
-    by expert: the grouping launch first, then a block per 16 W rows and run."""
+    by expert: the grouping launch first, then a block of 4 warps per 32 W rows
+    and run."""
     plan = gather_path(pairs, sorted_indices=False)
     assert plan["path"] == expected, plan["note"]
     if expected == "qmv":
@@ -264,8 +265,8 @@ def test_gather_groups_pairs_by_expert_from_8_pairs(pairs, expected):
         return
     assert plan["kernel"] == "fpqmm_qmv_grouped_e2m1_e8m0_float32_x16"
     runs = -(-pairs // 16) + min(33, pairs)
-    # float32 x: 32 W rows a block.
     assert plan["grid"] == (2880 // 32, runs, 1)
+    assert plan["block"] == (128, 1, 1)
     assert plan["grouping"]["kernel"] == "fpqmm_group_pairs"
     assert plan["grouping"]["grid"] == (1, 1, 1)
     assert plan["grouping_bytes"] == 16 + 16 * runs + 4 * pairs

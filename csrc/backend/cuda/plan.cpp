@@ -387,7 +387,6 @@ void plan_grouped_wgmma(
 // (the grid's y loops past its limit).
 void plan_grouped(
     const QmmProblem& p, const Format& format, bool tiled, KernelPlan& plan) {
-  const bool bfloat16_x = p.x_type == FloatType::bfloat16;
   const int qmm_blocks =
       qmm_x_blocks(plan.batch_count / std::max(p.w_matrices, 1), true);
   plan.key = KernelKey{
@@ -403,13 +402,13 @@ void plan_grouped(
   plan.main = Launch{
       kernel_name(plan.key),
       {static_cast<int>(ceil_div(
-           p.N,
-           tiled ? fc::kQmmRowsPerBlock : fc::qmv_rows_per_block(bfloat16_x))),
+           p.N, tiled ? fc::kQmmRowsPerBlock : fc::kQmvGroupedRowsPerBlock)),
        static_cast<int>(std::min<int64_t>(runs, kMaxGridYZ)),
        1},
-      {tiled ? fc::kQmmThreads : fc::kQmvWarps * fc::kWarpSize, 1, 1},
+      {tiled ? fc::kQmmThreads : fc::kQmvGroupedWarps * fc::kWarpSize, 1, 1},
       tiled ? qmm_shared_bytes(p, format, qmm_blocks)
-            : fc::qmv_shared_bytes(bfloat16_x, fc::kMaxXBlocks)};
+            : fc::qmv_shared_bytes(
+                  fc::kQmvGroupedWarps, fc::kQmvGroupedTiles, fc::kMaxXBlocks)};
   add_grouping(runs, plan);
   plan.split_k_step = p.K;
 }

@@ -243,9 +243,9 @@ __device__ __forceinline__ void multiply_chunk(
   }
 }
 
-// W rows [n0, n0 + qmv_rows_per_block) times x rows [m0, m0 + x_blocks * 8)
-// over K range [k_begin, k_end) of one product: every warp of the block
-// calls it, taking every kQmvWarps-th pass of the quads over K, and the
+// W rows [n0, n0 + tiles * 16) times x rows [m0, m0 + x_blocks * 8) over K
+// range [k_begin, k_end) of one product: every warp of the block calls it,
+// taking every warps-th pass of the quads over K, and the
 // block's sums end in y, in float32 partials with split K, or in the sums
 // of the other splits of its cluster (splits_in_cluster). `rows` says where
 // x's and y's rows are; M is the rows' number.
@@ -255,6 +255,8 @@ template <
     int encoding,
     int x_blocks,
     bool splits_in_cluster,
+    int tiles,
+    int warps,
     typename Rows = ContiguousRows>
 __device__ __forceinline__ void fp_qmv_impl(
     const QmmArgs& args,
@@ -269,7 +271,6 @@ __device__ __forceinline__ void fp_qmv_impl(
     float* partials,
     const Rows& rows = {}) {
   using S = typename ScaleStorage<encoding>::type;
-  constexpr int tiles = qmv_tiles(std::is_same_v<T, __nv_bfloat16>);
   constexpr int groups = kChunkGroups<bits, encoding>;
   constexpr int chunk_codes = 128 / bits;
   constexpr int word_codes = 32 / bits;
@@ -350,9 +351,9 @@ __device__ __forceinline__ void fp_qmv_impl(
 
   Pass next;
   load(warp, next);
-  for (int pass = warp; pass < passes; pass += kQmvWarps) {
+  for (int pass = warp; pass < passes; pass += warps) {
     const Pass current = next;
-    load(pass + kQmvWarps, next);
+    load(pass + warps, next);
     const auto& codes = current.codes;
     const int k = k_begin + pass * pass_codes + lane.thread * chunk_codes;
     const bool chunk_in = k < k_end;
@@ -394,7 +395,7 @@ __device__ __forceinline__ void fp_qmv_impl(
         });
   }
 
-  store_block_sums<kQmvWarps>(
+  store_block_sums<warps>(
       sums,
       reduction,
       M,
@@ -427,7 +428,14 @@ __device__ __forceinline__ void fp_qmv_grid(const QmmArgs& args) {
           int k_end,
           T* y,
           float* partials) {
-        fp_qmv_impl<T, bits, encoding, x_blocks, splits_in_cluster>(
+        fp_qmv_impl<
+            T,
+            bits,
+            encoding,
+            x_blocks,
+            splits_in_cluster,
+            qmv_tiles(std::is_same_v<T, __nv_bfloat16>),
+            kQmvWarps>(
             args, op, reduction, args.M, m0, n0, k_begin, k_end, y, partials);
       });
 }
@@ -463,16 +471,21 @@ __global__ void __launch_bounds__(
 // multiplies a run's rows of x, gathered, by its expert's rows of W.
 template <typename T, int bits, int encoding>
 __global__ void __launch_bounds__(
-    kQmvWarps* kWarpSize,
-    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, kMaxXBlocks, bits))
+    kQmvGroupedWarps* kWarpSize, kQmvGroupedMinBlocks)
     fp_qmv_grouped(const QmmArgs args) {
   extern __shared__ float4 shared_floats[];
   auto* reduction = reinterpret_cast<float*>(shared_floats);
-  const int n0 =
-      blockIdx.x * qmv_rows_per_block(std::is_same_v<T, __nv_bfloat16>);
+  const int n0 = blockIdx.x * kQmvGroupedRowsPerBlock;
   grouped_runs<T, bits, encoding>(
       args, [&](const auto& op, const GatheredRows& rows, int count, uint32_t) {
-        fp_qmv_impl<T, bits, encoding, kMaxXBlocks, false>(
+        fp_qmv_impl<
+            T,
+            bits,
+            encoding,
+            kMaxXBlocks,
+            false,
+            kQmvGroupedTiles,
+            kQmvGroupedWarps>(
             args,
             op,
             reduction,

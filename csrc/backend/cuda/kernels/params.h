@@ -48,10 +48,21 @@ constexpr int qmv_min_blocks(bool bfloat16_x, int x_blocks, int bits) {
 constexpr int qmv_pass_codes(int bits) {
   return 4 * 128 / bits;  // a quad of lanes, 16 bytes each
 }
-// The warps' partial sums at the end.
-constexpr int qmv_shared_bytes(bool bfloat16_x, int x_blocks) {
-  return kQmvWarps * qmv_tiles(bfloat16_x) * x_blocks * 4 * kWarpSize * 4;
+// The warps' partial sums at the end (of `warps` warps of `tiles` tiles).
+constexpr int qmv_shared_bytes(int warps, int tiles, int x_blocks) {
+  return warps * tiles * x_blocks * 4 * kWarpSize * 4;
 }
+constexpr int qmv_shared_bytes(bool bfloat16_x, int x_blocks) {
+  return qmv_shared_bytes(kQmvWarps, qmv_tiles(bfloat16_x), x_blocks);
+}
+// fp_qmv_grouped (one run of up to 16 gathered x rows per block): 2 tiles a
+// warp for every x type and 4 warps a block, 2 blocks an SM at least, where
+// the fewer, longer-lived warps with two tiles' loads in flight were faster
+// than qmv's 8 warps of one bfloat16 tile.
+inline constexpr int kQmvGroupedWarps = 4;
+inline constexpr int kQmvGroupedTiles = 2;
+inline constexpr int kQmvGroupedMinBlocks = 2;
+inline constexpr int kQmvGroupedRowsPerBlock = kTileRows * kQmvGroupedTiles;
 
 // qmv_staged (x @ W^T for any K and alignment, the group scales applied to
 // float32 sums): the same mma steps, W staged in shared memory by cp.async,

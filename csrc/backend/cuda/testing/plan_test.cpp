@@ -557,7 +557,8 @@ int main() {
           per_run.key.family == cu::KernelFamily::qmv_grouped &&
           per_run.main.kernel == "fpqmm_qmv_grouped_e2m1_e8m0_bfloat16_x16" &&
           per_run.run_rows == 16 && per_run.max_runs == sparse_runs &&
-          per_run.main.grid[0] == 180 && per_run.main.grid[1] == sparse_runs,
+          per_run.main.grid[0] == 90 && per_run.main.grid[1] == sparse_runs &&
+          per_run.main.block[0] == 128,
       "grouped gather, fewer than 8 pairs an expert");
   check(
       cu::plan(sparse, h200, cu::KernelRequest::tiled).main.kernel ==
