@@ -159,8 +159,7 @@ int64_t FpGatherQuantizedMatmul::lhs_divisor(
   }
   const auto& x = input(inputs, GatherInput::x);
   const auto& pairs = input(inputs, GatherInput::rhs_indices).shape();
-  const mx::Shape x_batch(x.shape().begin(), x.shape().end() - 2);
-  const auto axes = implicit_lhs_axes(x_batch, pairs);
+  const auto axes = implicit_lhs_axes(batch_shape(x), pairs);
   if (!axes) {
     throw std::invalid_argument(
         "[gather_qmm] x of shape " + shape_string(x.shape()) +

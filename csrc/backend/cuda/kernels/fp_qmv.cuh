@@ -245,10 +245,10 @@ __device__ __forceinline__ void multiply_chunk(
 
 // W rows [n0, n0 + tiles * 16) times x rows [m0, m0 + x_blocks * 8) over K
 // range [k_begin, k_end) of one product: every warp of the block calls it,
-// taking every warps-th pass of the quads over K, and the
-// block's sums end in y, in float32 partials with split K, or in the sums
-// of the other splits of its cluster (splits_in_cluster). `rows` says where
-// x's and y's rows are; M is the rows' number.
+// taking every warps-th pass of the quads over K, and the block's sums end
+// in y, in float32 partials with split K, or in the sums of the other
+// splits of its cluster (splits_in_cluster). `rows` says where x's and y's
+// rows are; M is the rows' number.
 template <
     typename T,
     int bits,
