@@ -532,7 +532,8 @@ std::vector<Case> test_cases() {
   // Every mode x dtype x orientation on odd shapes and M across the decode
   // range and above it.
   const std::vector<std::array<int, 3>> shapes = {
-      {1, 100, 256}, {3, 33, 160}, {8, 64, 4096}, {11, 300, 544}, {16, 40, 96}, {37, 72, 192}};
+      {1, 100, 256}, {3, 33, 160}, {8, 64, 4096}, {11, 300, 544}, {16, 40, 96}, {37, 72, 192},
+      {1, 100, 1024}, {13, 40, 1536}};
   for (const auto& m : kModes) {
     for (const auto& [type, tname] : kTypes) {
       for (bool transpose : {true, false}) {
@@ -562,6 +563,9 @@ std::vector<Case> test_cases() {
         Case c{name(m, "bf16", true, 5, 70, 3 * g + 128, extra), mode, g,
                FloatType::bfloat16, st, true, 5, 70, 3 * g + 128};
         cases.push_back(c);
+        Case whole{name(m, "bf16", true, 5, 70, 1024, extra), mode, g,
+                   FloatType::bfloat16, st, true, 5, 70, 1024};
+        cases.push_back(whole);
         Case n{name(m, "bf16", false, 5, 2 * g + 256, 77, extra), mode, g,
                FloatType::bfloat16, st, false, 5, 2 * g + 256, 77};
         cases.push_back(n);
@@ -598,6 +602,10 @@ std::vector<Case> test_cases() {
     b.batch_shape = {2, 3};
     b.broadcast_w = true;
     cases.push_back(b);
+    Case whole = b;
+    whole.name = name(kModes[0], "bf16", transpose, 3, 256, 1024, " batch 2x3 bw");
+    whole.K = 1024;
+    cases.push_back(whole);
     for (auto style : {Case::Indices::random, Case::Indices::sorted,
                        Case::Indices::out_of_range}) {
       const char* sname = style == Case::Indices::random ? " gather random"
@@ -612,6 +620,12 @@ std::vector<Case> test_cases() {
         g.indices = style;
         g.global_scale = m.mode == Mode::nvfp4;
         cases.push_back(g);
+        // Fewer pairs than the grouped path takes: the decode kernel per
+        // pair.
+        Case few = g;
+        few.name += " few";
+        few.pairs = 5;
+        cases.push_back(few);
       }
     }
   }
@@ -879,7 +893,7 @@ void bench(const std::string& only) {
           if (decode) {
             const std::string label = shape + " M=" + std::to_string(M) + " " + tname;
             run_dense(label, p, nullptr, nullptr, wb, sb, set_w, set_s);
-            if (N == 1024) {
+            if (N == 1024 || M == 1) {
               run_dense(label + " sm_80 plan", p, nullptr, nullptr, wb, sb, set_w, set_s,
                         {8, 0, device.sm_count});
             }
@@ -944,11 +958,16 @@ void bench(const std::string& only) {
       distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
       const std::string label = "gather mxfp4 32x2880^2 top4 T=" + std::to_string(tokens) +
           (sorted ? " sorted" : "");
-      for (auto request : {cu::KernelRequest::grouped, cu::KernelRequest::tiled,
-                           cu::KernelRequest::wgmma}) {
+      for (auto request : {cu::KernelRequest::automatic, cu::KernelRequest::grouped,
+                           cu::KernelRequest::tiled, cu::KernelRequest::wgmma}) {
         run_dense(label + " " + std::string(cu::request_name(request)), p, &lhs, &rhs,
                   wb * int64_t(distinct.size()), sb * int64_t(distinct.size()), wb * 32,
                   sb * 32, {}, request);
+      }
+      for (auto request : {cu::KernelRequest::automatic, cu::KernelRequest::grouped}) {
+        run_dense(label + " " + std::string(cu::request_name(request)) + " sm_80 plan", p,
+                  &lhs, &rhs, wb * int64_t(distinct.size()), sb * int64_t(distinct.size()),
+                  wb * 32, sb * 32, {8, 0, device.sm_count}, request);
       }
     }
   }
