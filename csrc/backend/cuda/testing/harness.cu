@@ -530,7 +530,8 @@ std::vector<Case> test_cases() {
            std::to_string(K) + extra;
   };
   // Every mode x dtype x orientation on odd shapes and M across the decode
-  // range and above it.
+  // range and above it (K = 1024 and 1536: whole 256-byte stages of every
+  // code width, with odd M and N).
   const std::vector<std::array<int, 3>> shapes = {
       {1, 100, 256}, {3, 33, 160}, {8, 64, 4096}, {11, 300, 544}, {16, 40, 96}, {37, 72, 192},
       {1, 100, 1024}, {13, 40, 1536}};
@@ -958,16 +959,18 @@ void bench(const std::string& only) {
       distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
       const std::string label = "gather mxfp4 32x2880^2 top4 T=" + std::to_string(tokens) +
           (sorted ? " sorted" : "");
+      auto run_gather = [&](cu::KernelRequest request, cu::CudaDevice as,
+                            const std::string& suffix) {
+        run_dense(label + " " + std::string(cu::request_name(request)) + suffix, p, &lhs,
+                  &rhs, wb * int64_t(distinct.size()), sb * int64_t(distinct.size()),
+                  wb * 32, sb * 32, as, request);
+      };
       for (auto request : {cu::KernelRequest::automatic, cu::KernelRequest::grouped,
                            cu::KernelRequest::tiled, cu::KernelRequest::wgmma}) {
-        run_dense(label + " " + std::string(cu::request_name(request)), p, &lhs, &rhs,
-                  wb * int64_t(distinct.size()), sb * int64_t(distinct.size()), wb * 32,
-                  sb * 32, {}, request);
+        run_gather(request, {}, "");
       }
       for (auto request : {cu::KernelRequest::automatic, cu::KernelRequest::grouped}) {
-        run_dense(label + " " + std::string(cu::request_name(request)) + " sm_80 plan", p,
-                  &lhs, &rhs, wb * int64_t(distinct.size()), sb * int64_t(distinct.size()),
-                  wb * 32, sb * 32, {8, 0, device.sm_count}, request);
+        run_gather(request, {8, 0, device.sm_count}, " sm_80 plan");
       }
     }
   }
