@@ -172,7 +172,7 @@ def test_gather_dequantizes_from_192_rows_an_expert(pairs, expected, sorted_indi
 @pytest.mark.parametrize(
     "pairs, kernel",
     [
-        (32 * 8 - 1, "fpqmm_qmv_grouped_e2m1_e8m0_bfloat16_x16"),
+        (32 * 8 - 1, "fpqmm_qmv_grouped_e2m1_e8m0_bfloat16_x8"),
         (32 * 8, "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x32"),
         (32 * 64, "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x64"),
         (32 * 2048 - 1, "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x64"),
@@ -252,19 +252,21 @@ def test_gather_dequantize_request():
 
 
 @pytest.mark.parametrize(
-    "pairs, expected", [(4, "qmv"), (7, "qmv"), (8, "grouped"), (64, "grouped")]
+    "pairs, expected",
+    [(4, "qmv"), (7, "qmv"), (8, "grouped"), (64, "grouped"), (256, "grouped")],
 )
 def test_gather_groups_pairs_by_expert_from_8_pairs(pairs, expected):
     """Pairs of one row each: below 8 the per-pair decode kernels, then grouped
     by expert: the grouping launch first, then a block of 4 warps per 32 W rows
-    and run."""
+    and run of up to 8 pairs (16 from 8 pairs an expert)."""
     plan = gather_path(pairs, sorted_indices=False)
     assert plan["path"] == expected, plan["note"]
     if expected == "qmv":
         assert plan["grouping"] is None and plan["grouping_bytes"] == 0
         return
-    assert plan["kernel"] == "fpqmm_qmv_grouped_e2m1_e8m0_float32_x16"
-    runs = -(-pairs // 16) + min(33, pairs)
+    run_rows = 16 if pairs >= 8 * 32 else 8
+    assert plan["kernel"] == f"fpqmm_qmv_grouped_e2m1_e8m0_float32_x{run_rows}"
+    runs = -(-pairs // run_rows) + min(33, pairs)
     assert plan["grid"] == (2880 // 32, runs, 1)
     assert plan["block"] == (128, 1, 1)
     assert plan["grouping"]["kernel"] == "fpqmm_group_pairs"

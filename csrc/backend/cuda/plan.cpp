@@ -35,7 +35,7 @@ std::string_view encoding_name(ScaleEncoding encoding) {
 }
 
 std::string kernel_name(const KernelKey& key) {
-  constexpr std::array<std::string_view, 10> families = {
+  constexpr std::array<std::string_view, 11> families = {
       "qmv",
       "qmv_staged",
       "qvm",
@@ -45,7 +45,8 @@ std::string kernel_name(const KernelKey& key) {
       "qmm",
       "qmm_grouped",
       "qmm_wgmma",
-      "qmm_wgmma_grouped"};
+      "qmm_wgmma_grouped",
+      "qmv_wide"};
   std::string name = "fpqmm_" +
                      std::string(families[static_cast<size_t>(key.family)]) +
                      "_" + std::string(codes_name(key.bits)) + "_" +
@@ -150,6 +151,15 @@ void plan_split_k(
   plan.note += "; split_k=" + std::to_string(actual) + ": " +
                std::to_string(blocks) + " blocks for " +
                std::to_string(device.sm_count) + " SMs";
+}
+
+// Whether fp_qmv's wide blocks (kQmvWideMinBlocks an SM) half fill the GPU,
+// where they were measured faster than the narrow ones (README).
+bool qmv_wide_blocks_fill(
+    const QmmProblem& p, const CudaDevice& device, int64_t batch_count) {
+  const int64_t blocks = ceil_div(p.N, fc::kQmvWideRowsPerBlock) *
+                         ceil_div(p.M, fc::kXBlockRows) * batch_count;
+  return 2 * blocks >= int64_t(device.sm_count) * fc::kQmvWideMinBlocks;
 }
 
 // From sm_90 a split of K in up to kMaxClusterSplit becomes
@@ -387,14 +397,19 @@ void plan_grouped_wgmma(
 // (the grid's y loops past its limit).
 void plan_grouped(
     const QmmProblem& p, const Format& format, bool tiled, KernelPlan& plan) {
-  const int qmm_blocks =
-      qmm_x_blocks(plan.batch_count / std::max(p.w_matrices, 1), true);
+  const int64_t pairs_per_expert = plan.batch_count / std::max(p.w_matrices, 1);
+  const int qmm_blocks = qmm_x_blocks(pairs_per_expert, true);
+  // fp_qmv_grouped: runs of up to 8 pairs (one x block, more blocks an SM)
+  // where the experts average fewer than kTiledGroupRows, measured faster
+  // there; runs of 16 past that, which read each expert's W half as often.
+  const int qmv_blocks =
+      pairs_per_expert < kTiledGroupRows ? 1 : fc::kMaxXBlocks;
   plan.key = KernelKey{
       tiled ? KernelFamily::qmm_grouped : KernelFamily::qmv_grouped,
       format.bits,
       scale_encoding(p.mode, p.scale_type),
       p.x_type,
-      tiled ? qmm_blocks : fc::kMaxXBlocks};
+      tiled ? qmm_blocks : qmv_blocks};
   plan.run_rows = plan.key.x_blocks * fc::kXBlockRows;
   const int64_t runs =
       fc::max_pair_runs(plan.batch_count, p.w_matrices, plan.run_rows);
@@ -408,7 +423,7 @@ void plan_grouped(
       {tiled ? fc::kQmmThreads : fc::kQmvGroupedWarps * fc::kWarpSize, 1, 1},
       tiled ? qmm_shared_bytes(p, format, qmm_blocks)
             : fc::qmv_shared_bytes(
-                  fc::kQmvGroupedWarps, fc::kQmvGroupedTiles, fc::kMaxXBlocks)};
+                  fc::kQmvGroupedWarps, fc::kQmvGroupedTiles, qmv_blocks)};
   add_grouping(runs, plan);
   plan.split_k_step = p.K;
 }
@@ -720,9 +735,15 @@ KernelPlan plan(
     if (!staged_why.empty()) {
       plan.note += "; W staged in shared memory: " + staged_why;
     }
+    if (family == KernelFamily::qmv && x_blocks == 1 &&
+        qmv_wide_blocks_fill(p, device, plan.batch_count)) {
+      family = KernelFamily::qmv_wide;
+      plan.note += "; wide blocks (they half fill the GPU)";
+    }
   }
-  const bool transposed_decode =
-      family == KernelFamily::qmv || family == KernelFamily::qmv_staged;
+  const bool transposed_decode = family == KernelFamily::qmv ||
+                                 family == KernelFamily::qmv_wide ||
+                                 family == KernelFamily::qmv_staged;
   plan.key = KernelKey{
       family,
       format.bits,
@@ -748,6 +769,13 @@ KernelPlan plan(
       plan.main.shared_bytes = fc::qmv_shared_bytes(bfloat16_x, x_blocks);
       break;
     }
+    case KernelFamily::qmv_wide:
+      column_blocks = ceil_div(p.N, fc::kQmvWideRowsPerBlock);
+      m_blocks = ceil_div(p.M, fc::kXBlockRows);
+      plan.main.block = {fc::kQmvWideWarps * fc::kWarpSize, 1, 1};
+      plan.main.shared_bytes =
+          fc::qmv_shared_bytes(fc::kQmvWideWarps, fc::kQmvWideTiles, 1);
+      break;
     case KernelFamily::qmv_staged:
       column_blocks = ceil_div(p.N, fc::kStagedRowsPerBlock);
       m_blocks = ceil_div(p.M, x_blocks * fc::kXBlockRows);
@@ -803,6 +831,9 @@ KernelPlan plan(
       }
       break;
     }
+    case KernelFamily::qmv_wide:  // its blocks half fill the GPU: unsplit
+      plan.split_k_step = p.K;
+      break;
     case KernelFamily::qmv_staged:
       plan_split_k(
           p,

@@ -215,11 +215,12 @@ std::string request_names();  // "auto, qmv, ...", for messages
 KernelRequest kernel_request_from_env();
 
 // The main kernel and its template arguments: fp_qmv<T, bits, encoding,
-// x_blocks>, fp_qmv_staged<...>, fp_qvm<T, bits, encoding> (x_blocks 0),
+// x_blocks>, fp_qmv_wide<T, bits, encoding> (fp_qmv in wide blocks,
+// x_blocks 1), fp_qmv_staged<...>, fp_qvm<T, bits, encoding> (x_blocks 0),
 // fp_qmv_cluster<T, bits, encoding, x_blocks> (fp_qmv with K split over a
-// thread block cluster, sm_90), fp_qmv_grouped<T, bits, encoding> (x_blocks
-// kMaxXBlocks), fp_qmm<T, bits, encoding> and fp_qmm_grouped<T, bits,
-// encoding> (x_blocks kQmmSmallXBlocks or kQmmLargeXBlocks; T bfloat16 or
+// thread block cluster, sm_90), fp_qmv_grouped<T, bits, encoding, x_blocks>
+// (x_blocks 1 or kMaxXBlocks), fp_qmm<T, bits, encoding> and fp_qmm_grouped<T,
+// bits, encoding> (x_blocks kQmmSmallXBlocks or kQmmLargeXBlocks; T bfloat16 or
 // float16), fp_qmm_wgmma<bits, encoding, w_tiles> (w_tiles 1 or 2) and
 // fp_qmm_wgmma_grouped<bits, encoding, 2> (bfloat16 x; x_blocks
 // kWgmmaXRows / 8) or FpDequantize's
@@ -234,7 +235,8 @@ enum class KernelFamily {
   qmm,
   qmm_grouped,
   qmm_wgmma,
-  qmm_wgmma_grouped
+  qmm_wgmma_grouped,
+  qmv_wide
 };
 
 struct KernelKey {

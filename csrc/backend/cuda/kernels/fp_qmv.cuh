@@ -409,18 +409,22 @@ __device__ __forceinline__ void fp_qmv_impl(
       rows);
 }
 
+// Blocks of `warps` warps of `tiles` tiles of W rows (qmv's narrow blocks
+// by default).
 template <
     typename T,
     int bits,
     int encoding,
     int x_blocks,
-    bool splits_in_cluster>
+    bool splits_in_cluster,
+    int warps = kQmvWarps,
+    int tiles = qmv_tiles(std::is_same_v<T, __nv_bfloat16>)>
 __device__ __forceinline__ void fp_qmv_grid(const QmmArgs& args) {
   extern __shared__ float4 shared_floats[];
   auto* reduction = reinterpret_cast<float*>(shared_floats);
   transposed_grid<T, bits, encoding, x_blocks>(
       args,
-      qmv_rows_per_block(std::is_same_v<T, __nv_bfloat16>),
+      tiles * kTileRows,
       [&](const auto& op,
           int m0,
           int n0,
@@ -434,8 +438,8 @@ __device__ __forceinline__ void fp_qmv_grid(const QmmArgs& args) {
             encoding,
             x_blocks,
             splits_in_cluster,
-            qmv_tiles(std::is_same_v<T, __nv_bfloat16>),
-            kQmvWarps>(
+            tiles,
+            warps>(
             args, op, reduction, args.M, m0, n0, k_begin, k_end, y, partials);
       });
 }
@@ -446,6 +450,13 @@ __global__ void __launch_bounds__(
     qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, x_blocks, bits))
     fp_qmv(const QmmArgs args) {
   fp_qmv_grid<T, bits, encoding, x_blocks, false>(args);
+}
+
+// fp_qmv in wide blocks (one x block), where they half fill the GPU.
+template <typename T, int bits, int encoding>
+__global__ void __launch_bounds__(kQmvWideWarps* kWarpSize, kQmvWideMinBlocks)
+    fp_qmv_wide(const QmmArgs args) {
+  fp_qmv_grid<T, bits, encoding, 1, false, kQmvWideWarps, kQmvWideTiles>(args);
 }
 
 // Clusters need sm_90; the kernel of other architectures is never launched.
@@ -468,10 +479,11 @@ __global__ void __launch_bounds__(
 #undef FPQMM_SPLITS_CLUSTER
 
 // fp_qmv over the runs of fp_group_pairs (grid y walks them): each block
-// multiplies a run's rows of x, gathered, by its expert's rows of W.
-template <typename T, int bits, int encoding>
+// multiplies a run's rows of x (up to x_blocks * 8), gathered, by its
+// expert's rows of W.
+template <typename T, int bits, int encoding, int x_blocks>
 __global__ void __launch_bounds__(
-    kQmvGroupedWarps* kWarpSize, kQmvGroupedMinBlocks)
+    kQmvGroupedWarps* kWarpSize, qmv_grouped_min_blocks(x_blocks))
     fp_qmv_grouped(const QmmArgs args) {
   extern __shared__ float4 shared_floats[];
   auto* reduction = reinterpret_cast<float*>(shared_floats);
@@ -482,7 +494,7 @@ __global__ void __launch_bounds__(
             T,
             bits,
             encoding,
-            kMaxXBlocks,
+            x_blocks,
             false,
             kQmvGroupedTiles,
             kQmvGroupedWarps>(

@@ -55,12 +55,11 @@ void with_wgmma_tiles(int tiles, F&& f) {
   }
 }
 
-// fp_qmv, fp_qmv_cluster, fp_qmv_grouped, fp_qmv_staged, fp_qvm, fp_qmm,
-// fp_qmm_grouped, fp_qmm_wgmma(_grouped) or fp_dequantize for `key` (of x
-// type T and
-// `bits`-wide codes); null for E4M3 scales with E4M3 codes, which no format
-// has, for fp_qmm with float32 x and for fp_qmm_wgmma with other than
-// bfloat16 x.
+// fp_qmv, fp_qmv_wide, fp_qmv_cluster, fp_qmv_grouped, fp_qmv_staged,
+// fp_qvm, fp_qmm, fp_qmm_grouped, fp_qmm_wgmma(_grouped) or fp_dequantize
+// for `key` (of x type T and `bits`-wide codes); null for E4M3 scales with E4M3
+// codes, which no format has, for fp_qmm with float32 x and for fp_qmm_wgmma
+// with other than bfloat16 x.
 template <typename T, int bits>
 const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
   const void* kernel = nullptr;
@@ -85,9 +84,16 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
                   : reinterpret_cast<const void*>(
                         &fp_qmv<T, bits, encoding, kMaxXBlocks>);
           break;
-        case KernelFamily::qmv_grouped:
+        case KernelFamily::qmv_wide:
           kernel =
-              reinterpret_cast<const void*>(&fp_qmv_grouped<T, bits, encoding>);
+              reinterpret_cast<const void*>(&fp_qmv_wide<T, bits, encoding>);
+          break;
+        case KernelFamily::qmv_grouped:
+          kernel = key.x_blocks == 1
+                       ? reinterpret_cast<const void*>(
+                             &fp_qmv_grouped<T, bits, encoding, 1>)
+                       : reinterpret_cast<const void*>(
+                             &fp_qmv_grouped<T, bits, encoding, kMaxXBlocks>);
           break;
         case KernelFamily::dequantize:
           kernel =

@@ -55,13 +55,23 @@ constexpr int qmv_shared_bytes(int warps, int tiles, int x_blocks) {
 constexpr int qmv_shared_bytes(bool bfloat16_x, int x_blocks) {
   return qmv_shared_bytes(kQmvWarps, qmv_tiles(bfloat16_x), x_blocks);
 }
-// fp_qmv_grouped (one run of up to 16 gathered x rows per block): 2 tiles a
-// warp for every x type and 4 warps a block, 2 blocks an SM at least, where
-// the fewer, longer-lived warps with two tiles' loads in flight were faster
-// than qmv's 8 warps of one bfloat16 tile.
-inline constexpr int kQmvGroupedWarps = 4;
-inline constexpr int kQmvGroupedTiles = 2;
-inline constexpr int kQmvGroupedMinBlocks = 2;
+// fp_qmv_wide: qmv in wide blocks, kQmvWideWarps warps of kQmvWideTiles
+// tiles for every x type (one x block), kQmvWideMinBlocks an SM. Fewer,
+// longer-lived warps with two tiles' loads in flight are faster where these
+// blocks half fill the GPU; where they would not, the narrow blocks (twice
+// as many with bfloat16 x) or split K are.
+inline constexpr int kQmvWideWarps = 4;
+inline constexpr int kQmvWideTiles = 2;
+inline constexpr int kQmvWideMinBlocks = 4;
+inline constexpr int kQmvWideRowsPerBlock = kTileRows * kQmvWideTiles;
+// fp_qmv_grouped (one run of up to 8 or 16 gathered x rows per block: one
+// or two x blocks): qmv's wide blocks, as many an SM with one x block, 2 with
+// two (which take more registers).
+inline constexpr int kQmvGroupedWarps = kQmvWideWarps;
+inline constexpr int kQmvGroupedTiles = kQmvWideTiles;
+constexpr int qmv_grouped_min_blocks(int x_blocks) {
+  return x_blocks == 1 ? kQmvWideMinBlocks : 2;
+}
 inline constexpr int kQmvGroupedRowsPerBlock = kTileRows * kQmvGroupedTiles;
 
 // qmv_staged (x @ W^T for any K and alignment, the group scales applied to

@@ -126,6 +126,7 @@ struct Case {
   bool nonfinite = false;  // inf / NaN scales, NaN codes, zero x
   std::optional<cu::KernelRequest> request;
   bool as_sm80 = false;  // planned as for sm_80 (split K through partials)
+  int as_sms = 0;        // planned as for a GPU of this many SMs (0: this one's)
 };
 
 struct HostProblem {
@@ -419,6 +420,9 @@ bool run_case(const Case& c, std::mt19937& rng) {
     device.major = 8;
     device.minor = 0;
   }
+  if (c.as_sms) {
+    device.sm_count = c.as_sms;
+  }
   const auto request = c.request.value_or(cu::KernelRequest::automatic);
   const cu::KernelPlan plan = cu::plan(h.problem, device, request);
   DeviceProblem d;
@@ -455,6 +459,7 @@ bool run_case(const Case& c, std::mt19937& rng) {
   // fp_qmv rounds code times a float scale to bfloat16.
   const auto encoding = mlx_fpqmm::scale_encoding(c.mode, c.scale_type);
   const bool rounded_w = (plan.key.family == cu::KernelFamily::qmv ||
+                          plan.key.family == cu::KernelFamily::qmv_wide ||
                           plan.key.family == cu::KernelFamily::qmv_cluster ||
                           plan.key.family == cu::KernelFamily::qmv_grouped ||
                           plan.key.family == cu::KernelFamily::qmm ||
@@ -701,8 +706,9 @@ std::vector<Case> test_cases() {
          FloatType::bfloat16, std::nullopt, false, 20, 256, 100};
   q.request = cu::KernelRequest::decode;
   cases.push_back(q);
-  // Every x @ W^T kernel on every transposed case, and fp_qmv as planned
-  // for sm_80 (its splits of K add up through partials, not in clusters).
+  // Every x @ W^T kernel on every transposed case, fp_qmv as planned for
+  // sm_80 (its splits of K add up through partials, not in clusters) and
+  // for one SM (which its wide blocks half fill from two).
   const size_t planned = cases.size();
   for (size_t i = 0; i < planned; ++i) {
     if (cases[i].transpose && !cases[i].request) {
@@ -729,6 +735,12 @@ std::vector<Case> test_cases() {
       ampere.name += " sm_80";
       ampere.as_sm80 = true;
       cases.push_back(ampere);
+      if (cases[i].M <= fc::kXBlockRows) {
+        Case wide = cases[i];
+        wide.name += " one SM";
+        wide.as_sms = 1;
+        cases.push_back(wide);
+      }
     }
   }
   return cases;
@@ -860,6 +872,14 @@ void bench(const std::string& only) {
     cudaFree(d.x_tiles);
   };
 
+  // fp_qmv's narrow blocks beside the wide ones that the plan takes: planned
+  // as for twice the SMs, which the wide blocks would not half fill.
+  const cu::CudaDevice twice_the_sms{device.major, device.minor, 2 * device.sm_count};
+  auto wide_planned = [&](const QmmProblem& problem) {
+    return cu::plan(problem, device, cu::KernelRequest::automatic).key.family ==
+           cu::KernelFamily::qmv_wide;
+  };
+
   // Decode (M = 1, 8: every x type, the automatic plan) and prefill (the
   // simple path, fp_qmv tiled over M, and fp_qmm side by side).
   const std::vector<std::pair<int, int>> shapes = {{14336, 4096}, {4096, 4096}, {1024, 4096}};
@@ -897,6 +917,10 @@ void bench(const std::string& only) {
             if (N == 1024 || M == 1) {
               run_dense(label + " sm_80 plan", p, nullptr, nullptr, wb, sb, set_w, set_s,
                         {8, 0, device.sm_count});
+            }
+            if (wide_planned(p)) {
+              run_dense(label + " narrow", p, nullptr, nullptr, wb, sb, set_w, set_s,
+                        twice_the_sms);
             }
             continue;
           }
@@ -971,6 +995,9 @@ void bench(const std::string& only) {
       }
       for (auto request : {cu::KernelRequest::automatic, cu::KernelRequest::grouped}) {
         run_gather(request, {8, 0, device.sm_count}, " sm_80 plan");
+      }
+      if (wide_planned(p)) {
+        run_gather(cu::KernelRequest::automatic, twice_the_sms, " narrow");
       }
     }
   }

@@ -96,23 +96,51 @@ int main() {
       }),
       "sm_75 is refused");
 
-  // Decode: 896 blocks of 16 rows (bfloat16 x) fill the GPU without split K.
+  // Decode: 448 wide blocks of 32 rows half fill the GPU (264 of its 528
+  // slots): fp_qmv_wide, never split.
   auto big = auto_plan(problem(Mode::mxfp4, true, 1, 14336, 4096), h200);
   check(big.path == cu::KernelPath::qmv, "14336x4096 qmv");
-  check(big.main.kernel == "fpqmm_qmv_e2m1_e8m0_bfloat16_x8", big.main.kernel);
-  check(big.main.grid == std::array<int, 3>{896, 1, 1}, "14336 grid");
-  check(big.main.block == std::array<int, 3>{256, 1, 1}, "block");
   check(
-      big.key.family == cu::KernelFamily::qmv && big.main.shared_bytes == 4096,
-      "registers");
+      big.main.kernel == "fpqmm_qmv_wide_e2m1_e8m0_bfloat16_x8",
+      big.main.kernel);
+  check(big.main.grid == std::array<int, 3>{448, 1, 1}, "14336 grid");
+  check(big.main.block == std::array<int, 3>{128, 1, 1}, "block");
   check(
-      big.split_k == 1 && !big.reduction && big.partials_bytes == 0,
+      big.key.family == cu::KernelFamily::qmv_wide &&
+          big.main.shared_bytes == 4 * 2 * 4 * 32 * 4,
+      "wide blocks' sums");
+  check(
+      big.split_k == 1 && big.split_k_step == 4096 && !big.reduction &&
+          big.partials_bytes == 0,
       "no split");
+  auto big_f32 = problem(Mode::mxfp8, true, 8, 14336, 4096);
+  big_f32.x_type = FloatType::float32;
+  check(
+      auto_plan(big_f32, h200).main.kernel ==
+          "fpqmm_qmv_wide_e4m3_e8m0_float32_x8",
+      "wide blocks for every x type");
+  // 264 wide blocks half fill it; 263 do not, and the narrow blocks run.
+  check(
+      auto_plan(problem(Mode::mxfp4, true, 1, 264 * 32, 4096), h200)
+              .key.family == cu::KernelFamily::qmv_wide,
+      "264 wide blocks");
+  auto below = auto_plan(problem(Mode::mxfp4, true, 1, 263 * 32, 4096), h200);
+  check(
+      below.key.family == cu::KernelFamily::qmv && below.split_k == 1 &&
+          below.main.grid[0] == 263 * 2 &&
+          below.main.block == std::array<int, 3>{256, 1, 1},
+      "263 wide blocks: narrow ones");
+  // Two x blocks stay narrow.
+  check(
+      auto_plan(problem(Mode::mxfp4, true, 9, 14336, 4096), h200).key.family ==
+          cu::KernelFamily::qmv,
+      "9 rows: narrow blocks");
   // 256 blocks of 4096 x 4096 stay unsplit (measured faster than split),
   // though E2M1's 4 blocks an SM leave half the slots empty.
   auto square = auto_plan(problem(Mode::mxfp4, true, 1, 4096, 4096), h200);
   check(
-      square.split_k == 1 && square.main.grid[0] == 256,
+      square.key.family == cu::KernelFamily::qmv && square.split_k == 1 &&
+          square.main.grid[0] == 256,
       "4096x4096 unsplit, split_k " + std::to_string(square.split_k));
   // 64 row blocks: split K. On sm_90 the splits add up in a cluster; on
   // sm_80 in partial sums and their reduction.
@@ -530,8 +558,8 @@ int main() {
 
   // Grouped by expert from kGroupedMinPairs pairs of one row: the grouping
   // launch, room for a run per 64 pairs (fp_qmm_grouped, from 8 pairs an
-  // expert) or 16 (fp_qmv_grouped) and one more per expert (and for the
-  // out-of-range bin), the grid's y capped.
+  // expert) or 8 (fp_qmv_grouped, below 8 an expert; 16 from there) and one
+  // more per expert (and for the out-of-range bin), the grid's y capped.
   auto grouped = auto_plan(gather, a100);
   const int64_t runs = (70000 + 63) / 64 + 33;
   check(
@@ -551,15 +579,28 @@ int main() {
   sparse.batch_shape = {200};
   sparse.x_matrices = 200;
   auto per_run = auto_plan(sparse, h200);
-  const int64_t sparse_runs = (200 + 15) / 16 + 33;
+  const int64_t sparse_runs = (200 + 7) / 8 + 33;
   check(
       per_run.path == cu::KernelPath::grouped &&
           per_run.key.family == cu::KernelFamily::qmv_grouped &&
-          per_run.main.kernel == "fpqmm_qmv_grouped_e2m1_e8m0_bfloat16_x16" &&
-          per_run.run_rows == 16 && per_run.max_runs == sparse_runs &&
+          per_run.main.kernel == "fpqmm_qmv_grouped_e2m1_e8m0_bfloat16_x8" &&
+          per_run.run_rows == 8 && per_run.max_runs == sparse_runs &&
+          cu::kernel_args(sparse, per_run).run_rows == 8 &&
           per_run.main.grid[0] == 90 && per_run.main.grid[1] == sparse_runs &&
-          per_run.main.block[0] == 128,
+          per_run.main.block[0] == 128 &&
+          per_run.main.shared_bytes == 4 * 2 * 4 * 32 * 4,
       "grouped gather, fewer than 8 pairs an expert");
+  // float32 x (no fp_qmm) from 8 pairs an expert: runs of 16.
+  auto dense_f32 = sparse;
+  dense_f32.x_type = FloatType::float32;
+  dense_f32.batch_shape = {256};
+  dense_f32.x_matrices = 256;
+  auto per_run16 = auto_plan(dense_f32, h200);
+  check(
+      per_run16.main.kernel == "fpqmm_qmv_grouped_e2m1_e8m0_float32_x16" &&
+          per_run16.run_rows == 16 &&
+          per_run16.main.shared_bytes == 4 * 2 * 2 * 4 * 32 * 4,
+      "grouped gather, float32 x, 8 pairs an expert");
   check(
       cu::plan(sparse, h200, cu::KernelRequest::tiled).main.kernel ==
           "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x32",
