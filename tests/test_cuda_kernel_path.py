@@ -74,6 +74,26 @@ def test_rows_take_block_tiles_before_hopper(M, expected, kernel, dtype):
 
 
 @pytest.mark.parametrize(
+    "n, kernel, grid, block",
+    [
+        (8417, "fpqmm_qmv_wide_e2m1_e8m0_bfloat16_x8", 264, 128),
+        (8416, "fpqmm_qmv_e2m1_e8m0_bfloat16_x8", 526, 256),
+    ],
+)
+def test_decode_takes_wide_blocks_where_they_half_fill_the_gpu(n, kernel, grid, block):
+    """One row of x on the H200's 132 SMs: 4-warp blocks of 32 W rows from 264 of
+    them (half its 528 slots), else 8-warp blocks of 16 rows; never split."""
+    w = mx.zeros((n, K // 8), mx.uint32)
+    scales = mx.zeros((n, K // 32), mx.uint8)
+    x = mx.zeros((1, K), mx.bfloat16)
+    plan = mlx_fpqmm.kernel_path(x, w, scales, mode="mxfp4", device="sm_90")
+    assert plan["path"] == "qmv", plan["note"]
+    assert plan["kernel"] == kernel
+    assert plan["grid"] == (grid, 1, 1) and plan["block"] == (block, 1, 1)
+    assert plan["split_k"] == 1
+
+
+@pytest.mark.parametrize(
     "M, expected, kernel",
     [
         (48, "tiled", "fpqmm_qmm_e2m1_e8m0_bfloat16_x32"),

@@ -513,8 +513,9 @@ def test_gather_out_of_range_indices_give_nan_rows(kernel, monkeypatch):
 @pytest.mark.parametrize("kernel", ["grouped", "qmv"])
 def test_gather_grouped_unsorted_routes(mode, dtype, kernel, monkeypatch):
     """Unsorted routes of 37 tokens, top 3 of 6 experts, some out of range (NaN
-    rows): grouped by expert (runs of 16 and a partial run per expert) and
-    per pair; N not a multiple of the 16 W rows of a block."""
+    rows): grouped by expert (block tiles for bfloat16 and float16 x, runs of
+    16 for float32 x, and a partial run per expert) and per pair; N not a
+    multiple of a block's W rows."""
     monkeypatch.setenv("MLX_FPQMM_KERNEL", kernel)
     E, N, K, tokens = 6, 200, 8 * DEFAULT_GROUP_SIZE[mode], 37
     w_q, scales, _ = quantized_experts(mode, E, N, K)

@@ -154,7 +154,8 @@ void plan_split_k(
 }
 
 // Whether fp_qmv's wide blocks (kQmvWideMinBlocks an SM) half fill the GPU,
-// where they were measured faster than the narrow ones (README).
+// where they were measured faster than the narrow ones on the H200 (README:
+// M = 1 and 8; other GPUs take the same rule unmeasured).
 bool qmv_wide_blocks_fill(
     const QmmProblem& p, const CudaDevice& device, int64_t batch_count) {
   const int64_t blocks = ceil_div(p.N, fc::kQmvWideRowsPerBlock) *
@@ -400,8 +401,10 @@ void plan_grouped(
   const int64_t pairs_per_expert = plan.batch_count / std::max(p.w_matrices, 1);
   const int qmm_blocks = qmm_x_blocks(pairs_per_expert, true);
   // fp_qmv_grouped: runs of up to 8 pairs (one x block, more blocks an SM)
-  // where the experts average fewer than kTiledGroupRows, measured faster
-  // there; runs of 16 past that, which read each expert's W half as often.
+  // where the experts average fewer than kTiledGroupRows (measured faster at
+  // 1 and 4 pairs an expert; the bound is fp_qmm_grouped's, below which
+  // this kernel takes bfloat16 and float16 x); runs of 16 past it (float32
+  // x), which read each expert's W half as often.
   const int qmv_blocks =
       pairs_per_expert < kTiledGroupRows ? 1 : fc::kMaxXBlocks;
   plan.key = KernelKey{
@@ -619,6 +622,7 @@ KernelPlan plan(
   const Format& format = format_for(p.mode);
   KernelPlan plan{};
   plan.requested = request;
+  plan.split_k_step = p.K;  // unsplit unless a split rule says otherwise
   fold_batch(p, plan);
 
   const std::string rows = "M=" + std::to_string(p.M);
@@ -832,7 +836,6 @@ KernelPlan plan(
       break;
     }
     case KernelFamily::qmv_wide:  // its blocks half fill the GPU: unsplit
-      plan.split_k_step = p.K;
       break;
     case KernelFamily::qmv_staged:
       plan_split_k(

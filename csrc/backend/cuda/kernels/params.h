@@ -69,10 +69,11 @@ inline constexpr int kQmvWideRowsPerBlock = kTileRows * kQmvWideTiles;
 // two (which take more registers).
 inline constexpr int kQmvGroupedWarps = kQmvWideWarps;
 inline constexpr int kQmvGroupedTiles = kQmvWideTiles;
+inline constexpr int kQmvGroupedTwoXBlocksMinBlocks = 2;
 constexpr int qmv_grouped_min_blocks(int x_blocks) {
-  return x_blocks == 1 ? kQmvWideMinBlocks : 2;
+  return x_blocks == 1 ? kQmvWideMinBlocks : kQmvGroupedTwoXBlocksMinBlocks;
 }
-inline constexpr int kQmvGroupedRowsPerBlock = kTileRows * kQmvGroupedTiles;
+inline constexpr int kQmvGroupedRowsPerBlock = kQmvWideRowsPerBlock;
 
 // qmv_staged (x @ W^T for any K and alignment, the group scales applied to
 // float32 sums): the same mma steps, W staged in shared memory by cp.async,

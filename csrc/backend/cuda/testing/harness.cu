@@ -413,8 +413,8 @@ void run_plan(const cu::KernelPlan& plan, const QmmProblem& problem,
   }
 }
 
-bool run_case(const Case& c, std::mt19937& rng) {
-  HostProblem h = make_problem(c, rng);
+// The device that `c` is planned for: this one, or as the case says.
+cu::CudaDevice planned_device(const Case& c) {
   auto device = this_device();
   if (c.as_sm80) {
     device.major = 8;
@@ -423,8 +423,23 @@ bool run_case(const Case& c, std::mt19937& rng) {
   if (c.as_sms) {
     device.sm_count = c.as_sms;
   }
-  const auto request = c.request.value_or(cu::KernelRequest::automatic);
-  const cu::KernelPlan plan = cu::plan(h.problem, device, request);
+  return device;
+}
+
+cu::KernelPlan plan_case(const Case& c, const QmmProblem& problem) {
+  return cu::plan(
+      problem, planned_device(c), c.request.value_or(cu::KernelRequest::automatic));
+}
+
+// The kernel family that `c` plans (its operands' values aside).
+cu::KernelFamily planned_family(const Case& c) {
+  std::mt19937 values(0);
+  return plan_case(c, make_problem(c, values).problem).key.family;
+}
+
+bool run_case(const Case& c, std::mt19937& rng) {
+  HostProblem h = make_problem(c, rng);
+  const cu::KernelPlan plan = plan_case(c, h.problem);
   DeviceProblem d;
   d.w = upload(h.w);
   d.scales = upload(h.scales);
@@ -663,6 +678,21 @@ std::vector<Case> test_cases() {
       cases.push_back(g);
     }
   }
+  // fp_qmv_grouped in runs of 16 (float32 x, which fp_qmm does not take,
+  // from 8 pairs an expert).
+  for (const auto& m : {kModes[0], kModes[1], kModes[2]}) {
+    for (auto style : {Case::Indices::random, Case::Indices::sorted}) {
+      Case g{name(m, "f32", true, 1, 300, 576, " gather runs of 16 " +
+                  std::to_string(int(style))), m.mode, m.group_size,
+             FloatType::float32, m.scale_type, true, 1, 300, 576};
+      g.pairs = 300;
+      g.x_matrices = style == Case::Indices::sorted ? 300 : 50;
+      g.w_matrices = 8;
+      g.indices = style;
+      g.global_scale = m.mode == Mode::nvfp4;
+      cases.push_back(g);
+    }
+  }
   // fp_qmm_wgmma (sm_90): x rows past M in the last tile of 128, W rows past
   // N, K split over a small grid, blocks of 256 W rows on a large one.
   for (const auto& m : kModes) {
@@ -707,8 +737,9 @@ std::vector<Case> test_cases() {
   q.request = cu::KernelRequest::decode;
   cases.push_back(q);
   // Every x @ W^T kernel on every transposed case, fp_qmv as planned for
-  // sm_80 (its splits of K add up through partials, not in clusters) and
-  // for one SM (which its wide blocks half fill from two).
+  // sm_80 (its splits of K add up through partials, not in clusters) and,
+  // where that plans fp_qmv_wide, for one SM (which its blocks half fill
+  // from two).
   const size_t planned = cases.size();
   for (size_t i = 0; i < planned; ++i) {
     if (cases[i].transpose && !cases[i].request) {
@@ -735,10 +766,10 @@ std::vector<Case> test_cases() {
       ampere.name += " sm_80";
       ampere.as_sm80 = true;
       cases.push_back(ampere);
-      if (cases[i].M <= fc::kXBlockRows) {
-        Case wide = cases[i];
-        wide.name += " one SM";
-        wide.as_sms = 1;
+      Case wide = cases[i];
+      wide.name += " one SM";
+      wide.as_sms = 1;
+      if (planned_family(wide) == cu::KernelFamily::qmv_wide) {
         cases.push_back(wide);
       }
     }
@@ -873,11 +904,14 @@ void bench(const std::string& only) {
   };
 
   // fp_qmv's narrow blocks beside the wide ones that the plan takes: planned
-  // as for twice the SMs, which the wide blocks would not half fill.
+  // as for twice the SMs, where the wide blocks do not half fill those.
   const cu::CudaDevice twice_the_sms{device.major, device.minor, 2 * device.sm_count};
   auto wide_planned = [&](const QmmProblem& problem) {
-    return cu::plan(problem, device, cu::KernelRequest::automatic).key.family ==
-           cu::KernelFamily::qmv_wide;
+    auto family = [&](const cu::CudaDevice& as) {
+      return cu::plan(problem, as, cu::KernelRequest::automatic).key.family;
+    };
+    return family(device) == cu::KernelFamily::qmv_wide &&
+           family(twice_the_sms) == cu::KernelFamily::qmv;
   };
 
   // Decode (M = 1, 8: every x type, the automatic plan) and prefill (the
