@@ -35,6 +35,16 @@ void with_encoding(ScaleEncoding encoding, F&& f) {
   }
 }
 
+// The decode kernels' x blocks: 1 or kMaxXBlocks.
+template <typename F>
+void with_qmv_x_blocks(int x_blocks, F&& f) {
+  if (x_blocks == 1) {
+    f(Int<1>{});
+  } else {
+    f(Int<kMaxXBlocks>{});
+  }
+}
+
 // fp_qmm's x blocks: 4 or 8 (nothing is called for others).
 template <typename F>
 void with_qmm_x_blocks(int x_blocks, F&& f) {
@@ -71,29 +81,26 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
           kernel = reinterpret_cast<const void*>(&fp_qvm<T, bits, encoding>);
           break;
         case KernelFamily::qmv_staged:
-          kernel = key.x_blocks == 1
-                       ? reinterpret_cast<const void*>(
-                             &fp_qmv_staged<T, bits, encoding, 1>)
-                       : reinterpret_cast<const void*>(
-                             &fp_qmv_staged<T, bits, encoding, kMaxXBlocks>);
+          with_qmv_x_blocks(key.x_blocks, [&](auto x_blocks) {
+            kernel = reinterpret_cast<const void*>(
+                &fp_qmv_staged<T, bits, encoding, x_blocks>);
+          });
           break;
         case KernelFamily::qmv:
-          kernel =
-              key.x_blocks == 1
-                  ? reinterpret_cast<const void*>(&fp_qmv<T, bits, encoding, 1>)
-                  : reinterpret_cast<const void*>(
-                        &fp_qmv<T, bits, encoding, kMaxXBlocks>);
+          with_qmv_x_blocks(key.x_blocks, [&](auto x_blocks) {
+            kernel = reinterpret_cast<const void*>(
+                &fp_qmv<T, bits, encoding, x_blocks>);
+          });
           break;
         case KernelFamily::qmv_wide:
           kernel =
               reinterpret_cast<const void*>(&fp_qmv_wide<T, bits, encoding>);
           break;
         case KernelFamily::qmv_grouped:
-          kernel = key.x_blocks == 1
-                       ? reinterpret_cast<const void*>(
-                             &fp_qmv_grouped<T, bits, encoding, 1>)
-                       : reinterpret_cast<const void*>(
-                             &fp_qmv_grouped<T, bits, encoding, kMaxXBlocks>);
+          with_qmv_x_blocks(key.x_blocks, [&](auto x_blocks) {
+            kernel = reinterpret_cast<const void*>(
+                &fp_qmv_grouped<T, bits, encoding, x_blocks>);
+          });
           break;
         case KernelFamily::dequantize:
           kernel =
@@ -126,11 +133,10 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
           }
           break;
         case KernelFamily::qmv_cluster:
-          kernel = key.x_blocks == 1
-                       ? reinterpret_cast<const void*>(
-                             &fp_qmv_cluster<T, bits, encoding, 1>)
-                       : reinterpret_cast<const void*>(
-                             &fp_qmv_cluster<T, bits, encoding, kMaxXBlocks>);
+          with_qmv_x_blocks(key.x_blocks, [&](auto x_blocks) {
+            kernel = reinterpret_cast<const void*>(
+                &fp_qmv_cluster<T, bits, encoding, x_blocks>);
+          });
           break;
       }
     }

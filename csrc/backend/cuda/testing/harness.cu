@@ -650,6 +650,20 @@ std::vector<Case> test_cases() {
       }
     }
   }
+  // A gather of 300 pairs of one row of 576 over 8 experts (x's 50
+  // matrices, or one a pair where sorted).
+  auto gather_300 = [&](const ModeSpec& m,
+                       const std::pair<FloatType, const char*>& type,
+                       const std::string& label, Case::Indices style) {
+    Case g{name(m, type.second, true, 1, 300, 576, label + std::to_string(int(style))),
+           m.mode, m.group_size, type.first, m.scale_type, true, 1, 300, 576};
+    g.pairs = 300;
+    g.x_matrices = style == Case::Indices::sorted ? 300 : 50;
+    g.w_matrices = 8;
+    g.indices = style;
+    g.global_scale = m.mode == Mode::nvfp4;
+    return g;
+  };
   // fp_qmm's block tiles: several blocks of x rows, K with a partial stage,
   // x rows past M in the last block; split K; gathers of many pairs an
   // expert (fp_qmm_grouped).
@@ -667,30 +681,14 @@ std::vector<Case> test_cases() {
     cases.push_back(split);
     for (auto style : {Case::Indices::random, Case::Indices::sorted,
                        Case::Indices::out_of_range}) {
-      Case g{name(m, "bf16", true, 1, 300, 576, " gather tiles " +
-                  std::to_string(int(style))), m.mode, m.group_size,
-             FloatType::bfloat16, m.scale_type, true, 1, 300, 576};
-      g.pairs = 300;
-      g.x_matrices = style == Case::Indices::sorted ? 300 : 50;
-      g.w_matrices = 8;
-      g.indices = style;
-      g.global_scale = m.mode == Mode::nvfp4;
-      cases.push_back(g);
+      cases.push_back(gather_300(m, kTypes[0], " gather tiles ", style));
     }
   }
   // fp_qmv_grouped in runs of 16 (float32 x, which fp_qmm does not take,
   // from 8 pairs an expert).
   for (const auto& m : {kModes[0], kModes[1], kModes[2]}) {
     for (auto style : {Case::Indices::random, Case::Indices::sorted}) {
-      Case g{name(m, "f32", true, 1, 300, 576, " gather runs of 16 " +
-                  std::to_string(int(style))), m.mode, m.group_size,
-             FloatType::float32, m.scale_type, true, 1, 300, 576};
-      g.pairs = 300;
-      g.x_matrices = style == Case::Indices::sorted ? 300 : 50;
-      g.w_matrices = 8;
-      g.indices = style;
-      g.global_scale = m.mode == Mode::nvfp4;
-      cases.push_back(g);
+      cases.push_back(gather_300(m, kTypes[2], " gather runs of 16 ", style));
     }
   }
   // fp_qmm_wgmma (sm_90): x rows past M in the last tile of 128, W rows past
