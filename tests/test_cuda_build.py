@@ -86,6 +86,7 @@ def nvcc_command(root: Path) -> list[str]:
         f"-I{mlx_cuda_headers(pinned_mlx_version())}",
         *lists["FPQMM_CUDA_FLAGS"],
         *(gencode(a) for a in lists["FPQMM_CUDA_ARCHITECTURES"]),
+        "--threads", "0",  # the architectures in parallel: no idle core at the end
     ]  # fmt: skip
 
 
@@ -98,8 +99,10 @@ def compile_sources(root: Path, sources: list[str], out: Path):
             [*command, source, "-o", str(obj)], cwd=root, capture_output=True, text=True
         )
 
+    # The kernel instantiations, the longest, first.
+    ordered = sorted(sources, key=lambda source: "instantiations" not in source)
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        return dict(zip(sources, pool.map(build, sources), strict=True))
+        return dict(zip(ordered, pool.map(build, ordered), strict=True))
 
 
 # The standalone harness (csrc/backend/cuda/testing/build.sh builds it on a
