@@ -87,6 +87,9 @@ def nvcc_command(root: Path) -> list[str]:
         *lists["FPQMM_CUDA_FLAGS"],
         *(gencode(a) for a in lists["FPQMM_CUDA_ARCHITECTURES"]),
         "--threads", "0",  # the architectures in parallel: no idle core at the end
+        # Whether it compiles, not how fast it runs: the device optimisers
+        # take most of the compile time, and errors come without them.
+        "-Xcicc", "-O0", "-Xptxas", "-O0",
     ]  # fmt: skip
 
 

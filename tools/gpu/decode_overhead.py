@@ -19,7 +19,7 @@ from collections.abc import Callable
 import mlx.core as mx
 
 import mlx_fpqmm
-from mlx_fpqmm._bench_gpu import copies, count_for
+from mlx_fpqmm._bench_gpu import copies, count_for, quantized_weights
 
 N, K, REPS = 14336, 4096, 5
 
@@ -45,8 +45,7 @@ def build_and_eval_us(
 
 
 def main() -> None:
-    w = mx.random.normal((N, K), dtype=mx.bfloat16) * 0.02
-    w_q, scales = mlx_fpqmm.quantize(w, mode="mxfp4")
+    w_q, scales = quantized_weights(N, K, "mxfp4")
     count = count_for(w_q.nbytes + scales.nbytes, 1 << 30)
     pairs = list(zip(copies(w_q, count), copies(scales, count), strict=True))
     print(f"MLX_USE_CUDA_GRAPHS={os.environ.get('MLX_USE_CUDA_GRAPHS')}, {count} products a graph")

@@ -118,6 +118,12 @@ void set_split_k(const QmmProblem& p, int splits, int step, KernelPlan& plan) {
       0};
 }
 
+// Whether `blocks` blocks, `resident` of them at once an SM, take at least
+// half the GPU's slots: where K stays unsplit and the wider blocks pay.
+bool half_fills(int64_t blocks, int resident, const CudaDevice& device) {
+  return 2 * blocks >= int64_t(device.sm_count) * resident;
+}
+
 // Split K where the blocks alone would not fill the GPU: where fewer than
 // half the blocks that run at once (`resident` per SM), up to about that
 // many, each split at least `min_step` codes of K (a multiple of
@@ -136,11 +142,11 @@ void plan_split_k(
     KernelPlan& plan) {
   plan.split_k = 1;
   plan.split_k_step = p.K;
-  const int64_t slots = int64_t(device.sm_count) * resident;
-  if (blocks == 0 || 2 * blocks >= slots || p.K < 2 * min_step) {
+  if (blocks == 0 || half_fills(blocks, resident, device) ||
+      p.K < 2 * min_step) {
     return;
   }
-  const int64_t wanted = ceil_div(slots, blocks);
+  const int64_t wanted = ceil_div(int64_t(device.sm_count) * resident, blocks);
   const int64_t splits = std::min(wanted, int64_t(p.K / min_step));
   const int64_t step = round_up(ceil_div(p.K, splits), step_multiple);
   const int64_t actual = ceil_div(p.K, step);
@@ -160,7 +166,7 @@ bool qmv_wide_blocks_fill(
     const QmmProblem& p, const CudaDevice& device, int64_t batch_count) {
   const int64_t blocks = ceil_div(p.N, fc::kQmvWideRowsPerBlock) *
                          ceil_div(p.M, fc::kXBlockRows) * batch_count;
-  return 2 * blocks >= int64_t(device.sm_count) * fc::kQmvWideMinBlocks;
+  return half_fills(blocks, fc::kQmvWideMinBlocks, device);
 }
 
 // From sm_90 a split of K in up to kMaxClusterSplit becomes
@@ -289,7 +295,7 @@ int qmm_x_blocks(int64_t rows, bool grouped) {
 int wgmma_tiles(const QmmProblem& p, const CudaDevice& device) {
   const int64_t wide_blocks = ceil_div(p.N, fc::wgmma_rows_per_block(2)) *
                               ceil_div(p.M, fc::kWgmmaXRows);
-  return 2 * wide_blocks >= device.sm_count ? 2 : 1;
+  return half_fills(wide_blocks, 1, device) ? 2 : 1;
 }
 // A split of K takes at least this many stages.
 constexpr int kWgmmaMinSplitStages = 8;
