@@ -145,6 +145,17 @@ __device__ __forceinline__ float decode_e8m0(uint32_t byte) {
   return __uint_as_float(byte == 0 ? 0x00400000u : byte << 23);
 }
 
+// E8M0 byte b times 2^f as a bfloat16 pair: the exponent field b + f in
+// each half, exact while 1 <= b + f <= 254 (byte 0 too, as MLX's 2^-127),
+// that is up to byte kE8M0LargestPairByte<f>.
+template <int f>
+__host__ __device__ constexpr uint32_t e8m0_bfloat16_pair(uint32_t byte) {
+  constexpr uint32_t exponent_one = 0x00800080u;  // bit 7 of each half
+  return uint32_t(int(byte) + f) * exponent_one;
+}
+template <int f>
+inline constexpr uint32_t kE8M0LargestPairByte = 254 - f;
+
 // E4M3 (FN): through the E4M3 pair decode, exact.
 __device__ __forceinline__ float decode_e4m3(uint32_t byte) {
   return __low2float(decode_pair<__half, 8>(byte, 0));

@@ -219,7 +219,7 @@ __device__ __forceinline__ void fp_qmm_impl(
   auto compute = [&](const uint8_t* slot, int k0) {
     const int first_group = k0 >> group_shift;
     uint4 codes[tiles][2];
-    float scales[tiles][2][groups];
+    GroupScale<encoding> scales[tiles][2][groups];
     bool two_steps = false;
 #pragma unroll
     for (int t = 0; t < tiles; ++t) {
@@ -235,7 +235,7 @@ __device__ __forceinline__ void fp_qmm_impl(
         for (int g = 0; g < groups; ++g) {
           const int k =
               k0 + lane.thread * chunk_codes + g * (chunk_codes / groups);
-          scales[t][h][g] = decode_scale<encoding>(*reinterpret_cast<const S*>(
+          scales[t][h][g] = group_scale<encoding>(*reinterpret_cast<const S*>(
               row_scales +
               ((k >> group_shift) - first_group) * int(sizeof(S))));
           two_steps |= needs_two_steps<bits, encoding>(scales[t][h][g]);

@@ -286,7 +286,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
     const int slot = slot_of(s);
     const uint8_t* at = shared + slot * stage_bytes;
     uint4 words[tiles][2];
-    float scales[tiles][2][groups];
+    GroupScale<encoding> scales[tiles][2][groups];
     bool two = false;
 #pragma unroll
     for (int i = 0; i < tiles; ++i) {
@@ -297,7 +297,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
             lane.thread * 16);
 #pragma unroll
         for (int g = 0; g < groups; ++g) {
-          scales[i][h][g] = decode_scale<encoding>(stored[i][h][g]);
+          scales[i][h][g] = group_scale<encoding>(stored[i][h][g]);
           two |= needs_two_steps<bits, encoding>(scales[i][h][g]);
         }
       }

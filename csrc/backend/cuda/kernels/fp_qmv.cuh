@@ -40,23 +40,47 @@ __device__ __forceinline__ float power_of_two(int exponent) {
 template <int bits, int encoding>
 inline constexpr int kChunkGroups = bits == 4 && encoding == kScaleE4M3 ? 2 : 1;
 
+// A group's scale as the multipliers are made from it: E8M0 scales stay
+// bytes (their multipliers are exponent fields, integer arithmetic), the
+// others are decoded to float.
+template <int encoding>
+using GroupScale = std::conditional_t<encoding == kScaleE8M0, uint32_t, float>;
+
+template <int encoding>
+__device__ __forceinline__ GroupScale<encoding> group_scale(
+    typename ScaleStorage<encoding>::type stored) {
+  if constexpr (encoding == kScaleE8M0) {
+    return stored;
+  } else {
+    return decode_scale<encoding>(stored);
+  }
+}
+
+template <int bits>
+inline constexpr int kBfloat16Fixup =
+    CodeLayout<__nv_bfloat16, bits>::fixup_exponent;
+
 // The pair that multiplies a group's code pairs: its scale times the
 // layout's fixup (2^-scale_shift of it). Where that product leaves
 // bfloat16's range (a finite scale of 4 or more with E2M1 codes) the fixup
 // alone multiplies first and the scale second (`two_steps`).
 template <int bits, int encoding>
 __device__ __forceinline__ float scaled_fixup(float scale) {
-  return scale * power_of_two(
-                     CodeLayout<__nv_bfloat16, bits>::fixup_exponent -
-                     scale_shift<encoding>());
+  return scale * power_of_two(kBfloat16Fixup<bits> - scale_shift<encoding>());
 }
 
 template <int bits, int encoding>
-__device__ __forceinline__ bool needs_two_steps(float scale) {
-  // Floats from halfway past bfloat16's largest value round to infinity.
-  return fabsf(scaled_fixup<bits, encoding>(scale)) >=
-             __uint_as_float(0x7F7F8000u) &&
-         isfinite(scale);
+__device__ __forceinline__ bool needs_two_steps(GroupScale<encoding> scale) {
+  if constexpr (encoding == kScaleE8M0) {
+    // Past that byte the pair's exponent field leaves bfloat16's (byte 255,
+    // +inf, too: two steps give the same inf or NaN).
+    return scale > kE8M0LargestPairByte<kBfloat16Fixup<bits>>;
+  } else {
+    // Floats from halfway past bfloat16's largest value round to infinity.
+    return fabsf(scaled_fixup<bits, encoding>(scale)) >=
+               __uint_as_float(0x7F7F8000u) &&
+           isfinite(scale);
+  }
 }
 
 struct Multipliers {
@@ -64,18 +88,34 @@ struct Multipliers {
   uint32_t second;
 };
 
+// The first multiplier of a group in one step.
 template <int bits, int encoding>
-__device__ __forceinline__ Multipliers two_step_multipliers(float scale) {
+__device__ __forceinline__ uint32_t
+one_step_multiplier(GroupScale<encoding> scale) {
+  if constexpr (encoding == kScaleE8M0) {
+    return e8m0_bfloat16_pair<kBfloat16Fixup<bits>>(scale);
+  } else {
+    return bits_of(__float2bfloat162_rn(scaled_fixup<bits, encoding>(scale)));
+  }
+}
+
+template <int bits, int encoding>
+__device__ __forceinline__ Multipliers
+two_step_multipliers(GroupScale<encoding> scale) {
   constexpr uint32_t kOne = 0x3F803F80u;
-  if (needs_two_steps<bits, encoding>(scale)) {
+  if (!needs_two_steps<bits, encoding>(scale)) {
+    return {one_step_multiplier<bits, encoding>(scale), kOne};
+  }
+  if constexpr (encoding == kScaleE8M0) {
     return {
-        bits_of(__float2bfloat162_rn(power_of_two(
-            CodeLayout<__nv_bfloat16, bits>::fixup_exponent -
-            scale_shift<encoding>()))),
+        e8m0_bfloat16_pair<kBfloat16Fixup<bits>>(127),
+        e8m0_bfloat16_pair<0>(scale)};
+  } else {
+    return {
+        bits_of(__float2bfloat162_rn(
+            power_of_two(kBfloat16Fixup<bits> - scale_shift<encoding>()))),
         bits_of(__float2bfloat162_rn(scale))};
   }
-  return {
-      bits_of(__float2bfloat162_rn(scaled_fixup<bits, encoding>(scale))), kOne};
 }
 
 // Two float values as the mma's bfloat16 high and low parts (an infinite
@@ -116,12 +156,12 @@ __device__ __forceinline__ void x_pair(
 // The multipliers of a group's code pairs for the `two`-step multiply
 // (first only otherwise).
 template <int bits, int encoding, bool two>
-__device__ __forceinline__ Multipliers multipliers_for(float scale) {
+__device__ __forceinline__ Multipliers
+multipliers_for(GroupScale<encoding> scale) {
   if constexpr (two) {
     return two_step_multipliers<bits, encoding>(scale);
   } else {
-    return {
-        bits_of(__float2bfloat162_rn(scaled_fixup<bits, encoding>(scale))), 0};
+    return {one_step_multiplier<bits, encoding>(scale), 0};
   }
 }
 
@@ -200,7 +240,7 @@ template <
 __device__ __forceinline__ void multiply_chunk(
     float (&sums)[tiles][x_blocks][4],
     const uint4 (&codes)[tiles][2],
-    const float (&scales)[tiles][2][groups],
+    const GroupScale<encoding> (&scales)[tiles][2][groups],
     bool two_steps,
     XWords&& x_words,
     int live_blocks = x_blocks) {
@@ -289,31 +329,31 @@ __device__ __forceinline__ void fp_qmv_impl(
   const int group_shift = __ffs(args.group_size) - 1;
   const int passes =
       op.valid ? (k_end - k_begin + pass_codes - 1) / pass_codes : 0;
+  // The passes whose every lane's chunk lies before k_end: their loads take
+  // no predicate (past them, codes and x past k_end are zeros).
+  const int full_passes = op.valid ? (k_end - k_begin) / pass_codes : 0;
 
-  // This lane's rows of W (rows past N read row 0 and count for nothing),
-  // as offsets from the matrix in vectors and in scales.
+  // This lane's rows of W (rows past N read row 0: their sums are never
+  // stored), as offsets from the matrix in vectors and in scales.
   uint32_t w_offsets[tiles][2];
   uint32_t scale_offsets[tiles][2];
-  bool row_in[tiles][2];
 #pragma unroll
   for (int t = 0; t < tiles; ++t) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int n = n0 + t * kTileRows + h * 8 + lane.group;
-      row_in[t][h] = n < N;
-      w_offsets[t][h] = row_in[t][h] ? n * row_chunks : 0;
-      scale_offsets[t][h] = row_in[t][h] ? n * scales_per_row : 0;
+      w_offsets[t][h] = n < N ? n * row_chunks : 0;
+      scale_offsets[t][h] = n < N ? n * scales_per_row : 0;
     }
   }
   const auto* w_vectors = reinterpret_cast<const uint4*>(op.w);
-  // This lane's row of x in each block of 8 (rows past M count for nothing).
+  // This lane's row of x in each block of 8 (rows past M read row 0, as
+  // those of W).
   int64_t x_offsets[x_blocks];
-  bool x_row_in[x_blocks];
 #pragma unroll
   for (int b = 0; b < x_blocks; ++b) {
     const int m = m0 + b * kXBlockRows + lane.group;
-    x_row_in[b] = m < M;
-    x_offsets[b] = x_row_in[b] ? rows.x(m) * K : 0;
+    x_offsets[b] = m < M ? rows.x(m) * K : 0;
   }
 
   float sums[tiles][x_blocks][4];
@@ -327,25 +367,31 @@ __device__ __forceinline__ void fp_qmv_impl(
     uint4 codes[tiles][2];
     S scales[tiles][2][groups];
   };
+  // Pass `pass`'s loads (none past the last pass: a prefetch never used).
   auto load = [&](int pass, Pass& to) {
     const int k = k_begin + pass * pass_codes + lane.thread * chunk_codes;
-    const bool chunk_in = pass < passes && k < k_end;
+    auto load_rows = [&](bool in) {
 #pragma unroll
-    for (int t = 0; t < tiles; ++t) {
+      for (int t = 0; t < tiles; ++t) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const bool in = chunk_in && row_in[t][h];
-        to.codes[t][h] =
-            in ? load_streaming(w_vectors + w_offsets[t][h] + k / chunk_codes)
-               : uint4{0, 0, 0, 0};
+        for (int h = 0; h < 2; ++h) {
+          to.codes[t][h] =
+              in ? load_streaming(w_vectors + w_offsets[t][h] + k / chunk_codes)
+                 : uint4{0, 0, 0, 0};
 #pragma unroll
-        for (int g = 0; g < groups; ++g) {
-          const int group = (k + g * (chunk_codes / groups)) >> group_shift;
-          to.scales[t][h][g] =
-              in ? load_streaming(op.scales + scale_offsets[t][h] + group)
-                 : S(0);
+          for (int g = 0; g < groups; ++g) {
+            const int group = (k + g * (chunk_codes / groups)) >> group_shift;
+            to.scales[t][h][g] =
+                in ? load_streaming(op.scales + scale_offsets[t][h] + group)
+                   : S(0);
+          }
         }
       }
+    };
+    if (pass < full_passes) {
+      load_rows(true);
+    } else if (pass < passes) {
+      load_rows(k < k_end);
     }
   };
 
@@ -356,23 +402,28 @@ __device__ __forceinline__ void fp_qmv_impl(
     load(pass + warps, next);
     const auto& codes = current.codes;
     const int k = k_begin + pass * pass_codes + lane.thread * chunk_codes;
-    const bool chunk_in = k < k_end;
     uint32_t x_words[x_blocks][x_chunk_words];
+    auto load_x = [&](bool in) {
 #pragma unroll
-    for (int b = 0; b < x_blocks; ++b) {
-      const bool in = chunk_in && x_row_in[b];
-      const auto* from =
-          reinterpret_cast<const uint4*>(op.x + (in ? x_offsets[b] + k : 0));
+      for (int b = 0; b < x_blocks; ++b) {
+        const auto* from =
+            reinterpret_cast<const uint4*>(op.x + (in ? x_offsets[b] + k : 0));
 #pragma unroll
-      for (int v = 0; v < x_chunk_words / 4; ++v) {
-        const uint4 loaded = in ? __ldg(from + v) : uint4{0, 0, 0, 0};
-        x_words[b][4 * v] = loaded.x;
-        x_words[b][4 * v + 1] = loaded.y;
-        x_words[b][4 * v + 2] = loaded.z;
-        x_words[b][4 * v + 3] = loaded.w;
+        for (int v = 0; v < x_chunk_words / 4; ++v) {
+          const uint4 loaded = in ? __ldg(from + v) : uint4{0, 0, 0, 0};
+          x_words[b][4 * v] = loaded.x;
+          x_words[b][4 * v + 1] = loaded.y;
+          x_words[b][4 * v + 2] = loaded.z;
+          x_words[b][4 * v + 3] = loaded.w;
+        }
       }
+    };
+    if (pass < full_passes) {
+      load_x(true);
+    } else {
+      load_x(k < k_end);
     }
-    float scales[tiles][2][groups];
+    GroupScale<encoding> scales[tiles][2][groups];
     bool two_steps = false;
 #pragma unroll
     for (int t = 0; t < tiles; ++t) {
@@ -380,7 +431,7 @@ __device__ __forceinline__ void fp_qmv_impl(
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int g = 0; g < groups; ++g) {
-          scales[t][h][g] = decode_scale<encoding>(current.scales[t][h][g]);
+          scales[t][h][g] = group_scale<encoding>(current.scales[t][h][g]);
           two_steps |= needs_two_steps<bits, encoding>(scales[t][h][g]);
         }
       }

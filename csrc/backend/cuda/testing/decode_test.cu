@@ -2,8 +2,10 @@
 // run on the host (no GPU needed; tests/test_cuda_build.py builds and runs
 // it): every pair laid out for half and bfloat16, times the layout's fixup,
 // is MLX's value of each code (common/formats.h), over every pattern of a
-// word's low and of its high 16 bits and random words. Prints the failures
-// and exits 1 if any.
+// word's low and of its high 16 bits and random words; and the bfloat16
+// pairs of E8M0 scales times the fixups. Prints the failures and exits 1 if
+// any.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -80,9 +82,41 @@ void check_all() {
   }
 }
 
+// e8m0_bfloat16_pair<f>: both halves of every byte's pair are MLX's scale
+// (2^(b - 127), byte 0 too) times 2^f, from the byte whose exponent field is
+// 1 up to kE8M0LargestPairByte<f>, past which the value leaves bfloat16's
+// range (the kernels' two steps).
+template <int f>
+void check_e8m0_pairs() {
+  for (uint32_t byte = std::max(0, 1 - f); byte < 255; ++byte) {
+    const double value = std::ldexp(1.0, int(byte) - 127 + f);
+    if (byte > kE8M0LargestPairByte<f>) {
+      if (value < 0x1p128 && ++failures <= 10) {
+        std::printf(
+            "E8M0 byte %u times 2^%d fits bfloat16 but takes two steps\n",
+            byte,
+            f);
+      }
+      continue;
+    }
+    const uint32_t pair = e8m0_bfloat16_pair<f>(byte);
+    for (int half = 0; half < 2; ++half) {
+      const float got =
+          half_value(uint16_t(pair >> (16 * half)), __nv_bfloat16{});
+      if (got != value && ++failures <= 10) {
+        std::printf(
+            "E8M0 byte %u times 2^%d: %g, pair %08x\n", byte, f, value, pair);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
+  check_e8m0_pairs<CodeLayout<__nv_bfloat16, 4>::fixup_exponent>();
+  check_e8m0_pairs<CodeLayout<__nv_bfloat16, 8>::fixup_exponent>();
+  check_e8m0_pairs<0>();
   check_all<__nv_bfloat16, 4>();
   check_all<__nv_bfloat16, 8>();
   check_all<__half, 4>();
