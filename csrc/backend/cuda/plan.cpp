@@ -835,8 +835,14 @@ KernelPlan plan(
           pass,
           fc::kQmvWarps * pass,
           plan);
+      // float16 and float32 x (two mma steps a pair of x) keep a split
+      // smaller than the cluster's in partial sums: measured faster on the
+      // H200 (README), where the cluster's more splits cost more than the
+      // partials' kernel.
+      const bool cluster_pays =
+          p.x_type == FloatType::bfloat16 || plan.split_k >= fc::kClusterSplits;
       if (device.major >= 9 && plan.split_k > 1 &&
-          plan.split_k <= kMaxClusterSplit) {
+          plan.split_k <= kMaxClusterSplit && cluster_pays) {
         split_in_cluster(p, pass, plan);
       }
       break;

@@ -164,6 +164,22 @@ int main() {
       small8.splits_in_cluster && small8.split_k == 4 &&
           small8.split_k_step == 1024,
       "mxfp8 1024 x 4096 in a cluster");
+  // float16 x: 3 splits of 4096 x 4096 stay in partial sums, 4 of 1024 x
+  // 4096 go to a cluster.
+  auto square16 = problem(Mode::mxfp4, true, 1, 4096, 4096);
+  square16.x_type = FloatType::float16;
+  const auto square16_plan = auto_plan(square16, h200);
+  check(
+      square16_plan.split_k == 3 && !square16_plan.splits_in_cluster &&
+          square16_plan.reduction &&
+          square16_plan.key.family == cu::KernelFamily::qmv,
+      "float16 4096 x 4096: partials, split " +
+          std::to_string(square16_plan.split_k));
+  auto small16 = problem(Mode::mxfp4, true, 1, 1024, 4096);
+  small16.x_type = FloatType::float16;
+  check(
+      auto_plan(small16, h200).splits_in_cluster,
+      "float16 1024 x 4096 in a cluster");
   // Few rows and a long K: more splits than a cluster's, with partials.
   auto narrow = auto_plan(problem(Mode::mxfp4, true, 1, 64, 14336), h200);
   check(
