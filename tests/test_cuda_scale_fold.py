@@ -1,9 +1,13 @@
 """The arithmetic of fp_qmv's decode (csrc/backend/cuda/kernels/fp_qmv.cuh and
 fp_decode.cuh), modelled in numpy with ml_dtypes' bfloat16: code bits placed
 in a bfloat16 (code_pair_bits), then one bfloat16 multiply by the scale times
-the layout's fixup (scaled_fixup), or two where that product leaves bfloat16's
-range (needs_two_steps). For the MLX formats every code times every scale
-comes out exactly (the CUDA tests check the kernels themselves on a GPU)."""
+the layout's fixup, or two where that product leaves bfloat16's range
+(needs_two_steps). An E8M0 scale's multiplier is its byte plus the fixup's
+exponent put in the exponent field (e8m0_bfloat16_pair), up to the largest
+byte that one step holds (kE8M0LargestPairByte); an E4M3 scale's is the float
+product rounded to bfloat16 (scaled_fixup). For the MLX formats every code
+times every scale comes out exactly (the CUDA tests check the kernels
+themselves on a GPU)."""
 
 import ml_dtypes
 import numpy as np
@@ -37,8 +41,25 @@ def bf16_of_bits(bits16: np.ndarray) -> np.ndarray:
     return bits16.view(BF16)
 
 
+def times_bf16(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A bfloat16 multiply (exact in float32, then rounded once)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (a.astype(np.float32) * b.astype(np.float32)).astype(BF16)
+
+
+def fold_e8m0(raw: np.ndarray, byte: np.ndarray, bits: int) -> np.ndarray:
+    """raw (bfloat16) times E8M0 scale `byte` as fp_qmv multiplies it."""
+    fixup = FIXUP_EXPONENT[bits]
+    one_step = byte.astype(np.int64) <= 254 - fixup
+    field = np.where(one_step, byte.astype(np.uint32) + fixup, 0)
+    one = times_bf16(raw, bf16_of_bits((field << 7).astype(np.uint16)))
+    first = times_bf16(raw, bf16_of_bits(np.uint16((fixup + 127) << 7)))
+    two = times_bf16(first, bf16_of_bits((byte.astype(np.uint32) << 7).astype(np.uint16)))
+    return np.where(one_step, one, two).astype(np.float32)
+
+
 def fold(raw: np.ndarray, scale: np.ndarray, bits: int, shift: int) -> np.ndarray:
-    """raw (bfloat16) times the scale as fp_qmv multiplies it, as float32."""
+    """raw (bfloat16) times a float-decoded scale as fp_qmv multiplies it, as float32."""
     fixup = np.float32(2.0 ** (FIXUP_EXPONENT[bits] - shift))
     with np.errstate(over="ignore", invalid="ignore"):
         product = scale.astype(np.float32) * fixup
@@ -80,7 +101,10 @@ def test_scale_folds_exactly(bits, scales, shift):
     stored = np.arange(256, dtype=np.uint8)
     scale = e8m0(stored) if scales == "e8m0" else E4M3_TABLE.astype(np.float32)
     raw = bf16_of_bits(code_pair_bits(codes, bits))
-    got = fold(raw[:, None], scale[None, :], bits, SHIFT[shift]).astype(np.float64)
+    if scales == "e8m0":
+        got = fold_e8m0(raw[:, None], stored[None, :], bits).astype(np.float64)
+    else:
+        got = fold(raw[:, None], scale[None, :], bits, SHIFT[shift]).astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         want = table[:, None] * scale[None, :].astype(np.float64) * 2.0 ** -SHIFT[shift]
     # Exact wherever bfloat16 holds the product as a normal number; NaN and

@@ -118,10 +118,15 @@ void set_split_k(const QmmProblem& p, int splits, int step, KernelPlan& plan) {
       0};
 }
 
-// Whether `blocks` blocks, `resident` of them at once an SM, take at least
-// half the GPU's slots: where K stays unsplit and the wider blocks pay.
+// The blocks that run at once, `resident` of them an SM.
+int64_t resident_slots(const CudaDevice& device, int resident) {
+  return int64_t(device.sm_count) * resident;
+}
+
+// Whether `blocks` blocks take at least half those slots: where K stays
+// unsplit and the wider blocks pay.
 bool half_fills(int64_t blocks, int resident, const CudaDevice& device) {
-  return 2 * blocks >= int64_t(device.sm_count) * resident;
+  return 2 * blocks >= resident_slots(device, resident);
 }
 
 // Split K where the blocks alone would not fill the GPU: where fewer than
@@ -146,7 +151,7 @@ void plan_split_k(
       p.K < 2 * min_step) {
     return;
   }
-  const int64_t wanted = ceil_div(int64_t(device.sm_count) * resident, blocks);
+  const int64_t wanted = ceil_div(resident_slots(device, resident), blocks);
   const int64_t splits = std::min(wanted, int64_t(p.K / min_step));
   const int64_t step = round_up(ceil_div(p.K, splits), step_multiple);
   const int64_t actual = ceil_div(p.K, step);
@@ -173,7 +178,9 @@ bool qmv_wide_blocks_fill(
 // fp_qmv_cluster's kClusterSplits splits, which add up in the distributed
 // shared memory of a thread block cluster: one kernel and no partials,
 // faster than the partials and their kernel where the split is small (more
-// splits keep the partials). The cluster's shape is the kernel's own
+// splits keep the partials), but for float16 and float32 x split fewer ways
+// than the cluster (the partials' fewer splits win there). The cluster's shape
+// is the kernel's own
 // (__cluster_dims__), not a launch attribute: MLX's graph cache updates
 // executable graphs in place, which leaves launch attributes as they were.
 inline constexpr int kMaxClusterSplit = 8;
@@ -842,8 +849,14 @@ KernelPlan plan(
       const bool cluster_pays =
           p.x_type == FloatType::bfloat16 || plan.split_k >= fc::kClusterSplits;
       if (device.major >= 9 && plan.split_k > 1 &&
-          plan.split_k <= kMaxClusterSplit && cluster_pays) {
-        split_in_cluster(p, pass, plan);
+          plan.split_k <= kMaxClusterSplit) {
+        if (cluster_pays) {
+          split_in_cluster(p, pass, plan);
+        } else {
+          plan.note += "; partial sums, not a cluster's " +
+                       std::to_string(fc::kClusterSplits) +
+                       " splits (two mma steps a pair of x)";
+        }
       }
       break;
     }

@@ -57,7 +57,7 @@ __device__ __forceinline__ GroupScale<encoding> group_scale(
 }
 
 template <int bits>
-inline constexpr int kBfloat16Fixup =
+inline constexpr int kBfloat16FixupExponent =
     CodeLayout<__nv_bfloat16, bits>::fixup_exponent;
 
 // The pair that multiplies a group's code pairs: its scale times the
@@ -66,7 +66,8 @@ inline constexpr int kBfloat16Fixup =
 // alone multiplies first and the scale second (`two_steps`).
 template <int bits, int encoding>
 __device__ __forceinline__ float scaled_fixup(float scale) {
-  return scale * power_of_two(kBfloat16Fixup<bits> - scale_shift<encoding>());
+  return scale *
+         power_of_two(kBfloat16FixupExponent<bits> - scale_shift<encoding>());
 }
 
 template <int bits, int encoding>
@@ -74,7 +75,7 @@ __device__ __forceinline__ bool needs_two_steps(GroupScale<encoding> scale) {
   if constexpr (encoding == kScaleE8M0) {
     // Past that byte the pair's exponent field leaves bfloat16's (byte 255,
     // +inf, too: two steps give the same inf or NaN).
-    return scale > kE8M0LargestPairByte<kBfloat16Fixup<bits>>;
+    return scale > kE8M0LargestPairByte<kBfloat16FixupExponent<bits>>;
   } else {
     // Floats from halfway past bfloat16's largest value round to infinity.
     return fabsf(scaled_fixup<bits, encoding>(scale)) >=
@@ -93,7 +94,7 @@ template <int bits, int encoding>
 __device__ __forceinline__ uint32_t
 one_step_multiplier(GroupScale<encoding> scale) {
   if constexpr (encoding == kScaleE8M0) {
-    return e8m0_bfloat16_pair<kBfloat16Fixup<bits>>(scale);
+    return e8m0_bfloat16_pair<kBfloat16FixupExponent<bits>>(scale);
   } else {
     return bits_of(__float2bfloat162_rn(scaled_fixup<bits, encoding>(scale)));
   }
@@ -108,12 +109,11 @@ two_step_multipliers(GroupScale<encoding> scale) {
   }
   if constexpr (encoding == kScaleE8M0) {
     return {
-        e8m0_bfloat16_pair<kBfloat16Fixup<bits>>(127),
-        e8m0_bfloat16_pair<0>(scale)};
+        CodeLayout<__nv_bfloat16, bits>::fixup, e8m0_bfloat16_pair<0>(scale)};
   } else {
     return {
-        bits_of(__float2bfloat162_rn(
-            power_of_two(kBfloat16Fixup<bits> - scale_shift<encoding>()))),
+        bits_of(__float2bfloat162_rn(power_of_two(
+            kBfloat16FixupExponent<bits> - scale_shift<encoding>()))),
         bits_of(__float2bfloat162_rn(scale))};
   }
 }

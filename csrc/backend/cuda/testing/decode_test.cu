@@ -83,9 +83,9 @@ void check_all() {
 }
 
 // e8m0_bfloat16_pair<f>: both halves of every byte's pair are MLX's scale
-// (2^(b - 127), byte 0 too) times 2^f, from the byte whose exponent field is
-// 1 up to kE8M0LargestPairByte<f>, past which the value leaves bfloat16's
-// range (the kernels' two steps).
+// (2^(b - 127), byte 0 too) times 2^f, from the first byte whose field b + f
+// is at least 1 up to kE8M0LargestPairByte<f>, past which the value leaves
+// bfloat16's range (the kernels' two steps).
 template <int f>
 void check_e8m0_pairs() {
   for (uint32_t byte = std::max(0, 1 - f); byte < 255; ++byte) {

@@ -175,6 +175,13 @@ int main() {
           square16_plan.key.family == cu::KernelFamily::qmv,
       "float16 4096 x 4096: partials, split " +
           std::to_string(square16_plan.split_k));
+  auto square32 = square16;
+  square32.x_type = FloatType::float32;
+  const auto square32_plan = auto_plan(square32, h200);
+  check(
+      square32_plan.split_k == 3 && !square32_plan.splits_in_cluster,
+      "float32 4096 x 4096: partials, split " +
+          std::to_string(square32_plan.split_k));
   auto small16 = problem(Mode::mxfp4, true, 1, 1024, 4096);
   small16.x_type = FloatType::float16;
   check(
