@@ -2,8 +2,8 @@
 fp_decode.cuh), modelled in numpy with ml_dtypes' bfloat16: code bits placed
 in a bfloat16 (code_pair_bits), then one bfloat16 multiply by the scale times
 the layout's fixup, or two where that product leaves bfloat16's range
-(needs_two_steps). An E8M0 scale's multiplier is its byte plus the fixup's
-exponent put in the exponent field (e8m0_bfloat16_pair), up to the largest
+(needs_two_steps; never for E4M3 scales). An E8M0 scale's multiplier is
+its byte plus the fixup's exponent put in the exponent field (e8m0_bfloat16_pair), up to the largest
 byte that one step holds (kE8M0LargestPairByte); an E4M3 scale's is the float
 product rounded to bfloat16 (scaled_fixup). For the MLX formats every code
 times every scale comes out exactly (the CUDA tests check the kernels
@@ -20,6 +20,8 @@ MAGNITUDE_BIT = {4: 6, 8: 4}
 FIXUP_EXPONENT = {4: 126, 8: 120}
 # kE4M3ScaleShift: E4M3 scales (nvfp4) multiply 2^-16 smaller.
 SHIFT = {"e8m0": 0, "e4m3": 16}
+# kE4M3ScaleExponentBound: every finite E4M3 scale is below 2^9.
+E4M3_SCALE_EXPONENT_BOUND = 9
 # Floats from halfway past bfloat16's largest value round to infinity.
 BF16_OVERFLOW = np.uint32(0x7F7F8000).view(np.float32)
 
@@ -58,12 +60,15 @@ def fold_e8m0(raw: np.ndarray, byte: np.ndarray, bits: int) -> np.ndarray:
     return np.where(one_step, one, two).astype(np.float32)
 
 
-def fold(raw: np.ndarray, scale: np.ndarray, bits: int, shift: int) -> np.ndarray:
-    """raw (bfloat16) times a float-decoded scale as fp_qmv multiplies it, as float32."""
-    fixup = np.float32(2.0 ** (FIXUP_EXPONENT[bits] - shift))
+def fold(raw: np.ndarray, scale: np.ndarray, bits: int, scales: str) -> np.ndarray:
+    """raw (bfloat16) times a float-decoded scale as fp_qmv multiplies it, as
+    float32: E4M3 scales in one step always (kMayNeedTwoSteps)."""
+    fixup = np.float32(2.0 ** (FIXUP_EXPONENT[bits] - SHIFT[scales]))
     with np.errstate(over="ignore", invalid="ignore"):
         product = scale.astype(np.float32) * fixup
         two_steps = (np.abs(product) >= BF16_OVERFLOW) & np.isfinite(scale)
+    if scales == "e4m3":
+        two_steps[...] = False
     one = times_bf16(raw, product.astype(BF16))
     two = times_bf16(times_bf16(raw, fixup.astype(BF16)), scale.astype(BF16))
     return np.where(two_steps, two, one).astype(np.float32)
@@ -103,7 +108,7 @@ def test_scale_folds_exactly(bits, scales):
     if scales == "e8m0":
         got = fold_e8m0(raw[:, None], stored[None, :], bits).astype(np.float64)
     else:
-        got = fold(raw[:, None], scale[None, :], bits, SHIFT[scales]).astype(np.float64)
+        got = fold(raw[:, None], scale[None, :], bits, scales).astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         want = table[:, None] * scale[None, :].astype(np.float64) * 2.0 ** -SHIFT[scales]
     # Exact wherever bfloat16 holds the product as a normal number; NaN and
@@ -114,6 +119,12 @@ def test_scale_folds_exactly(bits, scales):
     assert np.array_equal(np.isnan(got), np.isnan(want))
     assert np.all(np.isinf(got[np.isinf(want)]))
     assert normal.sum() > 0.8 * normal.size
+
+
+def test_e4m3_scales_are_below_their_bound():
+    finite = E4M3_TABLE[np.isfinite(E4M3_TABLE)]
+    assert np.abs(finite).max() < 2.0**E4M3_SCALE_EXPONENT_BOUND
+    assert np.abs(finite).max() >= 2.0 ** (E4M3_SCALE_EXPONENT_BOUND - 1)
 
 
 def test_a_swapped_layout_is_caught():

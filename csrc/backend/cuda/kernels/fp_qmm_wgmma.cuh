@@ -307,7 +307,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
     }
     // The warp decodes in two multiplies where any of its lanes needs them
     // (warp-uniform; the wgmma stays outside the branch).
-    two = __any_sync(0xFFFFFFFFu, two);
+    two = kMayNeedTwoSteps<encoding> && __any_sync(0xFFFFFFFFu, two);
     Multipliers multipliers[tiles][2][groups];
 #pragma unroll
     for (int i = 0; i < tiles; ++i) {

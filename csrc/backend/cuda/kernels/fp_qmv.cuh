@@ -70,9 +70,20 @@ __device__ __forceinline__ float scaled_fixup(float scale) {
          power_of_two(kBfloat16FixupExponent<bits> - scale_shift<encoding>());
 }
 
+// E4M3 scales are below 2^kE4M3ScaleExponentBound (448 at most): times
+// their scaled fixup they stay in bfloat16's range, one step always.
+inline constexpr int kE4M3ScaleExponentBound = 9;
+template <int encoding>
+inline constexpr bool kMayNeedTwoSteps = encoding != kScaleE4M3;
+static_assert(
+    kE4M3ScaleExponentBound + kBfloat16FixupExponent<4> - kE4M3ScaleShift <=
+    FloatFormat<__nv_bfloat16>::bias);
+
 template <int bits, int encoding>
 __device__ __forceinline__ bool needs_two_steps(GroupScale<encoding> scale) {
-  if constexpr (encoding == kScaleE8M0) {
+  if constexpr (!kMayNeedTwoSteps<encoding>) {
+    return false;
+  } else if constexpr (encoding == kScaleE8M0) {
     // Past that byte the pair's exponent field leaves bfloat16's (byte 255,
     // +inf, too: two steps give the same inf or NaN).
     return scale > kE8M0LargestPairByte<kBfloat16FixupExponent<bits>>;
@@ -276,7 +287,7 @@ __device__ __forceinline__ void multiply_chunk(
           sums, words, word_multipliers, x_word, live_blocks);
     }
   };
-  if (__any_sync(0xFFFFFFFFu, two_steps)) {
+  if (kMayNeedTwoSteps<encoding> && __any_sync(0xFFFFFFFFu, two_steps)) {
     multiply(std::true_type{});
   } else {
     multiply(std::false_type{});
