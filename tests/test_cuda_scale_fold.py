@@ -18,8 +18,8 @@ BF16 = ml_dtypes.bfloat16
 # CodeLayout<__nv_bfloat16, bits>: where the magnitude bits go, and 2^fixup.
 MAGNITUDE_BIT = {4: 6, 8: 4}
 FIXUP_EXPONENT = {4: 126, 8: 120}
-# kE4M3ScaleShift: E4M3 scales (nvfp4) multiply 2^-16 smaller.
-SHIFT = {"e8m0": 0, "e4m3": 16}
+# kE4M3ScaleShift: E4M3 scales (nvfp4) multiply 2^-8 smaller.
+SHIFT = {"e8m0": 0, "e4m3": 8}
 # kE4M3ScaleExponentBound: every finite E4M3 scale is below 2^9.
 E4M3_SCALE_EXPONENT_BOUND = 9
 # Floats from halfway past bfloat16's largest value round to infinity.

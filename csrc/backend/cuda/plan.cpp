@@ -842,10 +842,10 @@ KernelPlan plan(
           pass,
           fc::kQmvWarps * pass,
           plan);
-      // float16 and float32 x (two mma steps a pair of x) keep a split
-      // smaller than the cluster's in partial sums: measured faster on the
-      // H200 (README), where the cluster's more splits cost more than the
-      // partials' kernel.
+      // float16 and float32 x keep a split smaller than the cluster's in
+      // partial sums: measured faster on the H200 (README), where the
+      // cluster's more splits cost more than the partials' kernel (float16
+      // x multiplying in float16 too: its warps hold two tiles).
       const bool cluster_pays =
           p.x_type == FloatType::bfloat16 || plan.split_k >= fc::kClusterSplits;
       if (device.major >= 9 && plan.split_k > 1 &&
@@ -855,7 +855,8 @@ KernelPlan plan(
         } else {
           plan.note += "; partial sums, not a cluster's " +
                        std::to_string(fc::kClusterSplits) +
-                       " splits (two mma steps a pair of x)";
+                       " splits (measured faster for " +
+                       std::string(type_name(p.x_type)) + " x)";
         }
       }
       break;

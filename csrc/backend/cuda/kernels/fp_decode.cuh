@@ -80,16 +80,20 @@ struct CodeFormat {
 // mantissa bits the float's top mantissa bits, so the value is off by the
 // difference of the biases; the codes' subnormals land on the float's
 // subnormals, which the multiply makes normal again.
+template <typename H>
+__host__ __device__ constexpr uint32_t power_of_two_pair(int exponent) {
+  return (uint32_t(FloatFormat<H>::bias + exponent)
+          << FloatFormat<H>::mantissa_bits) *
+         0x00010001u;
+}
+
 template <typename H, int bits>
 struct CodeLayout {
   static constexpr int magnitude_bit =
       FloatFormat<H>::mantissa_bits - CodeFormat<bits>::mantissa_bits;
   static constexpr int fixup_exponent =
       FloatFormat<H>::bias - CodeFormat<bits>::bias;
-  static constexpr uint32_t fixup =
-      (uint32_t(FloatFormat<H>::bias + fixup_exponent)
-       << FloatFormat<H>::mantissa_bits) *
-      0x00010001u;
+  static constexpr uint32_t fixup = power_of_two_pair<H>(fixup_exponent);
 };
 
 // Codes p and p + 16 / bits of `word` (16 bits apart) as the low and high
@@ -146,17 +150,41 @@ __device__ __forceinline__ float decode_e8m0(uint32_t byte) {
   return __uint_as_float(byte == 0 ? 0x00400000u : byte << 23);
 }
 
-// E8M0 byte b times 2^f as a bfloat16 pair: the exponent field b + f in
-// each half, exact while 1 <= b + f <= 254 (byte 0 too, as MLX's 2^-127),
-// that is up to byte kE8M0LargestPairByte<f>.
-template <int f>
-__host__ __device__ constexpr uint32_t e8m0_bfloat16_pair(uint32_t byte) {
-  constexpr uint32_t exponent_one = 0x00800080u;  // bit 7 of each half
-  return uint32_t(int(byte) + f) * exponent_one;
+// E8M0 byte b times 2^f as a pair of H: the exponent field b - 127 + f +
+// H's bias in each half, exact while that field is a normal number's (in
+// bfloat16: 1 <= b + f <= 254, byte 0 too, as MLX's 2^-127, that is up to
+// byte kE8M0LargestPairByte<f>).
+template <typename H, int f>
+__host__ __device__ constexpr uint32_t e8m0_pair(uint32_t byte) {
+  constexpr uint32_t exponent_one =
+      power_of_two_pair<H>(1 - FloatFormat<H>::bias);
+  return uint32_t(int(byte) - 127 + f + FloatFormat<H>::bias) * exponent_one;
 }
 template <int f>
 inline constexpr uint32_t kE8M0LargestPairByte = 254 - f;
 
+// E4M3 scales (nvfp4) reach 448: their product with bfloat16's E2M1 fixup
+// would leave bfloat16's range, so the multipliers are 2^kE4M3ScaleShift
+// smaller and the float32 sums make up for it (small enough for float16's
+// too: HalfWindow).
+inline constexpr int kE4M3ScaleShift = 8;
+
+template <int encoding>
+__host__ __device__ constexpr int scale_shift() {
+  return encoding == kScaleE4M3 ? kE4M3ScaleShift : 0;
+}
+
+// Float16 x multiplies in float16 where the multiplier is a normal float16
+// and every code times the scale (2^-scale_shift of it) is a float16, its
+// last significant bit at 2^-24 or above and its magnitude at most 65504:
+// E8M0 scales from 2^lowest to 2^highest (decode_test checks the bounds
+// exhaustively), every E4M3 scale. Other scales (float) are not exact in
+// float16 codes.
+template <int bits>
+struct HalfWindow {
+  static constexpr int lowest = bits == 4 ? -23 : -15;
+  static constexpr int highest = bits == 4 ? 1 : 7;
+};
 // E4M3 (FN), exact: one conversion instruction from sm_89 on, the E4M3
 // pair decode before.
 __device__ __forceinline__ float decode_e4m3(uint32_t byte) {

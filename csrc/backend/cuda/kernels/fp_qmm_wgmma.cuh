@@ -316,8 +316,10 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
 #pragma unroll
         for (int g = 0; g < groups; ++g) {
           multipliers[i][h][g] =
-              two ? multipliers_for<bits, encoding, true>(scales[i][h][g])
-                  : multipliers_for<bits, encoding, false>(scales[i][h][g]);
+              two ? multipliers_for<__nv_bfloat16, bits, encoding, true>(
+                        scales[i][h][g])
+                  : multipliers_for<__nv_bfloat16, bits, encoding, false>(
+                        scales[i][h][g]);
         }
       }
     }

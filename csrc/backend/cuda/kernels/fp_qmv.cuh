@@ -6,30 +6,22 @@
 // the scale cannot wait for the float32 sums: it is multiplied into the
 // bfloat16 pairs of codes, exactly for the MLX formats (a power of two or
 // an E4M3 scale times an E2M1 or E4M3 code fits bfloat16's 8 significant
-// bits). float16 and float32 x enter as bfloat16 high and low parts.
+// bits). float32 x enters as bfloat16 high and low parts; float16 x too,
+// unless the warp's scales of a pass fold into float16 codes exactly
+// (HalfWindow), where codes and x multiply in float16.
 #pragma once
 
 #include "backend/cuda/kernels/fp_mma.cuh"
 
 namespace fpqmm::cuda {
 
+// The mma steps of one pair of x values in the 16-bit type H of the codes:
+// one where x is of that type, else a high and a low bfloat16 part (16 of
+// x's significant bits, all of float16's).
+template <typename T, typename H>
+inline constexpr int kXParts = std::is_same_v<T, H> ? 1 : 2;
+
 using Bf16Pair = __nv_bfloat162;
-
-// The bfloat16 mma steps of one pair of x values: one for bfloat16 x, a high
-// and a low part for float16 and float32 x (16 of their significant bits,
-// all of float16's).
-template <typename T>
-inline constexpr int kXParts = std::is_same_v<T, __nv_bfloat16> ? 1 : 2;
-
-// E4M3 scales (nvfp4) reach 448: their product with the E2M1 fixup would
-// leave bfloat16's range, so the multipliers are 2^kE4M3ScaleShift smaller
-// and the float32 sums make up for it.
-inline constexpr int kE4M3ScaleShift = 16;
-
-template <int encoding>
-__host__ __device__ constexpr int scale_shift() {
-  return encoding == kScaleE4M3 ? kE4M3ScaleShift : 0;
-}
 
 __device__ __forceinline__ float power_of_two(int exponent) {
   return __int_as_float((127 + exponent) << 23);
@@ -59,6 +51,28 @@ __device__ __forceinline__ GroupScale<encoding> group_scale(
 template <int bits>
 inline constexpr int kBfloat16FixupExponent =
     CodeLayout<__nv_bfloat16, bits>::fixup_exponent;
+
+// The power of two of a group's multiplier besides its scale: the layout's
+// fixup, 2^-scale_shift of it.
+template <typename H, int bits, int encoding>
+inline constexpr int kMultiplierExponent =
+    CodeLayout<H, bits>::fixup_exponent - scale_shift<encoding>();
+
+template <typename T, int encoding>
+inline constexpr bool kHalfCodes =
+    std::is_same_v<T, __half> &&
+    (encoding == kScaleE8M0 || encoding == kScaleE4M3);
+
+template <int bits, int encoding>
+__device__ __forceinline__ bool in_half_window(GroupScale<encoding> scale) {
+  if constexpr (encoding == kScaleE8M0) {
+    constexpr int lowest_byte = 127 + HalfWindow<bits>::lowest;
+    return scale - uint32_t(lowest_byte) <=
+           uint32_t(HalfWindow<bits>::highest - HalfWindow<bits>::lowest);
+  } else {
+    return true;
+  }
+}
 
 // The pair that multiplies a group's code pairs: its scale times the
 // layout's fixup (2^-scale_shift of it). Where that product leaves
@@ -100,14 +114,16 @@ struct Multipliers {
   uint32_t second;
 };
 
-// The first multiplier of a group in one step.
-template <int bits, int encoding>
+// The first multiplier of a group in one step, a pair of H.
+template <typename H, int bits, int encoding>
 __device__ __forceinline__ uint32_t
 one_step_multiplier(GroupScale<encoding> scale) {
+  constexpr int exponent = kMultiplierExponent<H, bits, encoding>;
   if constexpr (encoding == kScaleE8M0) {
-    return e8m0_bfloat16_pair<kBfloat16FixupExponent<bits>>(scale);
+    return e8m0_pair<H, exponent>(scale);
   } else {
-    return bits_of(__float2bfloat162_rn(scaled_fixup<bits, encoding>(scale)));
+    return bits_of(
+        splat<typename Pair<H>::type>(scale * power_of_two(exponent)));
   }
 }
 
@@ -116,11 +132,12 @@ __device__ __forceinline__ Multipliers
 two_step_multipliers(GroupScale<encoding> scale) {
   constexpr uint32_t kOne = 0x3F803F80u;
   if (!needs_two_steps<bits, encoding>(scale)) {
-    return {one_step_multiplier<bits, encoding>(scale), kOne};
+    return {one_step_multiplier<__nv_bfloat16, bits, encoding>(scale), kOne};
   }
   if constexpr (encoding == kScaleE8M0) {
     return {
-        CodeLayout<__nv_bfloat16, bits>::fixup, e8m0_bfloat16_pair<0>(scale)};
+        CodeLayout<__nv_bfloat16, bits>::fixup,
+        e8m0_pair<__nv_bfloat16, 0>(scale)};
   } else {
     return {
         bits_of(__float2bfloat162_rn(power_of_two(
@@ -142,11 +159,11 @@ __device__ __forceinline__ void split_pair(
 }
 
 // Pair p of x's values of a word of codes (the values of codes p and p +
-// 16 / bits, as decode_pair pairs the codes), as the mma's B halves: `words`
-// are x's 32-bit words over the word's codes, as loaded.
-template <typename T, int bits>
+// 16 / bits, as decode_pair pairs the codes), as the mma's B halves of type
+// H: `words` are x's 32-bit words over the word's codes, as loaded.
+template <typename T, typename H, int bits>
 __device__ __forceinline__ void x_pair(
-    const uint32_t* words, int p, uint32_t (&parts)[kXParts<T>]) {
+    const uint32_t* words, int p, uint32_t (&parts)[kXParts<T, H>]) {
   constexpr int stride = 16 / bits;
   if constexpr (std::is_same_v<T, float>) {
     split_pair(
@@ -155,7 +172,7 @@ __device__ __forceinline__ void x_pair(
     const uint32_t selector = p % 2 ? 0x7632 : 0x5410;
     const uint32_t pair =
         __byte_perm(words[p / 2], words[(p + stride) / 2], selector);
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (std::is_same_v<T, H>) {
       parts[0] = pair;
     } else {
       const float2 v = __half22float2(pair_from_bits<__half2>(pair));
@@ -164,23 +181,24 @@ __device__ __forceinline__ void x_pair(
   }
 }
 
-// The multipliers of a group's code pairs for the `two`-step multiply
-// (first only otherwise).
-template <int bits, int encoding, bool two>
+// The multipliers (pairs of H) of a group's code pairs for the `two`-step
+// multiply (first only otherwise; two steps are bfloat16's).
+template <typename H, int bits, int encoding, bool two>
 __device__ __forceinline__ Multipliers
 multipliers_for(GroupScale<encoding> scale) {
   if constexpr (two) {
     return two_step_multipliers<bits, encoding>(scale);
   } else {
-    return {one_step_multiplier<bits, encoding>(scale), 0};
+    return {one_step_multiplier<H, bits, encoding>(scale), 0};
   }
 }
 
-// The mma steps of one 32-bit word of codes of each of a lane's rows:
-// codes[t][h] is tile t's row h's word, its pairs times multipliers[t][h]
-// (both of them where `two`), and x_words[b] x's words over the same codes
-// in x block b, as loaded. Blocks from `live_blocks` on are left out.
-template <typename T, int bits, bool two, int tiles, int x_blocks>
+// The mma steps, in H, of one 32-bit word of codes of each of a lane's
+// rows: codes[t][h] is tile t's row h's word, its pairs times
+// multipliers[t][h] (both of them where `two`), and x_words[b] x's words
+// over the same codes in x block b, as loaded. Blocks from `live_blocks` on
+// are left out.
+template <typename T, typename H, int bits, bool two, int tiles, int x_blocks>
 __device__ __forceinline__ void multiply_word(
     float (&sums)[tiles][x_blocks][4],
     const uint32_t (&codes)[tiles][2],
@@ -190,13 +208,14 @@ __device__ __forceinline__ void multiply_word(
   constexpr int steps_per_word = 32 / bits / 4;
 #pragma unroll
   for (int s = 0; s < steps_per_word; ++s) {
-    uint32_t b_parts[x_blocks][2][kXParts<T>];
+    using P = typename Pair<H>::type;
+    uint32_t b_parts[x_blocks][2][kXParts<T, H>];
 #pragma unroll
     for (int b = 0; b < x_blocks; ++b) {
       if (b < live_blocks) {
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
-          x_pair<T, bits>(x_words[b], 2 * s + q, b_parts[b][q]);
+          x_pair<T, H, bits>(x_words[b], 2 * s + q, b_parts[b][q]);
         }
       }
     }
@@ -207,13 +226,12 @@ __device__ __forceinline__ void multiply_word(
       for (int q = 0; q < 2; ++q) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          Bf16Pair pair = __hmul2(
-              pair_from_bits<Bf16Pair>(
-                  code_pair_bits<__nv_bfloat16, bits>(codes[t][h], 2 * s + q)),
-              pair_from_bits<Bf16Pair>(multipliers[t][h].first));
+          P pair = __hmul2(
+              pair_from_bits<P>(
+                  code_pair_bits<H, bits>(codes[t][h], 2 * s + q)),
+              pair_from_bits<P>(multipliers[t][h].first));
           if constexpr (two) {
-            pair = __hmul2(
-                pair, pair_from_bits<Bf16Pair>(multipliers[t][h].second));
+            pair = __hmul2(pair, pair_from_bits<P>(multipliers[t][h].second));
           }
           a[2 * q + h] = bits_of(pair);
         }
@@ -222,10 +240,10 @@ __device__ __forceinline__ void multiply_word(
       for (int b = 0; b < x_blocks; ++b) {
         if (b < live_blocks) {
 #pragma unroll
-          for (int part = 0; part < kXParts<T>; ++part) {
+          for (int part = 0; part < kXParts<T, H>; ++part) {
             const uint32_t b_fragment[2] = {
                 b_parts[b][0][part], b_parts[b][1][part]};
-            mma_step<__nv_bfloat16>(sums[t][b], a, b_fragment);
+            mma_step<H>(sums[t][b], a, b_fragment);
           }
         }
       }
@@ -235,8 +253,10 @@ __device__ __forceinline__ void multiply_word(
 
 // The mma steps of a lane's 16-byte chunks of codes, codes[t][h] of tile
 // t's row h (four words), whose groups' scales are `scales`: the scales are
-// multiplied into the code pairs, in two steps where any lane of the warp
-// needs them (`two_steps` is this lane's say). x_words(word, x_word) points
+// multiplied into the code pairs, in float16 where x is float16 and every
+// lane's scales allow it (kHalfCodes, in_half_window), else in bfloat16,
+// in two steps where any lane of the warp needs them (`two_steps` is this
+// lane's say). x_words(word, x_word) points
 // x_word[b] at x's words over word `word`'s codes in x block b, so that a
 // kernel can load them as it goes. Blocks from `live_blocks` on are left
 // out.
@@ -255,7 +275,8 @@ __device__ __forceinline__ void multiply_chunk(
     bool two_steps,
     XWords&& x_words,
     int live_blocks = x_blocks) {
-  auto multiply = [&](auto two_steps_constant) {
+  auto multiply = [&](auto code_type, auto two_steps_constant) {
+    using H = typename decltype(code_type)::type;
     constexpr bool two = decltype(two_steps_constant)::value;
     Multipliers multipliers[tiles][2][groups];
 #pragma unroll
@@ -265,7 +286,7 @@ __device__ __forceinline__ void multiply_chunk(
 #pragma unroll
         for (int g = 0; g < groups; ++g) {
           multipliers[t][h][g] =
-              multipliers_for<bits, encoding, two>(scales[t][h][g]);
+              multipliers_for<H, bits, encoding, two>(scales[t][h][g]);
         }
       }
     }
@@ -283,14 +304,32 @@ __device__ __forceinline__ void multiply_chunk(
       }
       const uint32_t* x_word[x_blocks];
       x_words(word, x_word);
-      multiply_word<T, bits, two>(
+      multiply_word<T, H, bits, two>(
           sums, words, word_multipliers, x_word, live_blocks);
     }
   };
+  if constexpr (kHalfCodes<T, encoding>) {
+    bool in_window = true;
+#pragma unroll
+    for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int g = 0; g < groups; ++g) {
+          in_window &= in_half_window<bits, encoding>(scales[t][h][g]);
+        }
+      }
+    }
+    if (encoding == kScaleE4M3 || __all_sync(0xFFFFFFFFu, in_window)) {
+      multiply(std::type_identity<__half>{}, std::false_type{});
+      return;
+    }
+  }
+  constexpr std::type_identity<__nv_bfloat16> bfloat16_codes;
   if (kMayNeedTwoSteps<encoding> && __any_sync(0xFFFFFFFFu, two_steps)) {
-    multiply(std::true_type{});
+    multiply(bfloat16_codes, std::true_type{});
   } else {
-    multiply(std::false_type{});
+    multiply(bfloat16_codes, std::false_type{});
   }
 }
 

@@ -82,7 +82,7 @@ void check_all() {
   }
 }
 
-// e8m0_bfloat16_pair<f>: both halves of every byte's pair are MLX's scale
+// e8m0_pair<__nv_bfloat16, f>: both halves of every byte's pair are MLX's scale
 // (2^(b - 127), byte 0 too) times 2^f, from the first byte whose field b + f
 // is at least 1 up to kE8M0LargestPairByte<f>, past which the value leaves
 // bfloat16's range (the kernels' two steps).
@@ -99,7 +99,7 @@ void check_e8m0_pairs() {
       }
       continue;
     }
-    const uint32_t pair = e8m0_bfloat16_pair<f>(byte);
+    const uint32_t pair = e8m0_pair<__nv_bfloat16, f>(byte);
     for (int half = 0; half < 2; ++half) {
       const float got =
           half_value(uint16_t(pair >> (16 * half)), __nv_bfloat16{});
@@ -111,9 +111,78 @@ void check_e8m0_pairs() {
   }
 }
 
+// Float16 codes times the multiplier of an E8M0 scale (e8m0_pair<__half,
+// fixup>): every code's product is exact, and the multiplier a normal
+// float16, exactly for the bytes of HalfWindow.
+template <int bits>
+void check_half_window() {
+  constexpr int fixup = CodeLayout<__half, bits>::fixup_exponent;
+  for (uint32_t byte = 0; byte < 255; ++byte) {
+    const int field = int(byte) - 127 + fixup + 15;
+    bool exact = field >= 1 && field <= 30;
+    const float multiplier =
+        half_value(uint16_t(e8m0_pair<__half, fixup>(byte)), __half{});
+    for (uint32_t code = 0; exact && code < (1u << bits); ++code) {
+      const double value = bits == 4 ? mlx_fpqmm::kE2M1Values[code]
+                                     : mlx_fpqmm::kE4M3Values[code];
+      if (std::isnan(value)) {
+        continue;
+      }
+      const float raw =
+          half_value(uint16_t(code_pair_bits<__half, bits>(code, 0)), __half{});
+      const float product = __half2float(__float2half_rn(raw * multiplier));
+      exact = product == std::ldexp(value, int(byte) - 127);
+    }
+    const bool in_window = int(byte) - 127 >= HalfWindow<bits>::lowest &&
+                           int(byte) - 127 <= HalfWindow<bits>::highest;
+    if (exact != in_window && ++failures <= 10) {
+      std::printf(
+          "E8M0 byte %u with %d-bit float16 codes: exact %d, in the window "
+          "%d\n",
+          byte,
+          bits,
+          exact,
+          in_window);
+    }
+  }
+}
+
+// Every finite E4M3 scale times every E2M1 code in float16, 2^-kE4M3ScaleShift
+// of it: the multiplier and the product exact.
+void check_half_e4m3_scales() {
+  constexpr int exponent =
+      CodeLayout<__half, 4>::fixup_exponent - kE4M3ScaleShift;
+  for (int byte = 0; byte < 256; ++byte) {
+    const double scale = mlx_fpqmm::kE4M3Values[byte];
+    if (std::isnan(scale)) {
+      continue;
+    }
+    const float multiplier =
+        __half2float(__float2half_rn(float(std::ldexp(scale, exponent))));
+    for (uint32_t code = 0; code < 16; ++code) {
+      const float raw =
+          half_value(uint16_t(code_pair_bits<__half, 4>(code, 0)), __half{});
+      const float product = __half2float(__float2half_rn(raw * multiplier));
+      const double want =
+          std::ldexp(mlx_fpqmm::kE2M1Values[code] * scale, -kE4M3ScaleShift);
+      if (product != want && ++failures <= 10) {
+        std::printf(
+            "E4M3 scale %02x, code %u in float16: %g, not %g\n",
+            byte,
+            code,
+            product,
+            want);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
+  check_half_window<4>();
+  check_half_window<8>();
+  check_half_e4m3_scales();
   check_e8m0_pairs<CodeLayout<__nv_bfloat16, 4>::fixup_exponent>();
   check_e8m0_pairs<CodeLayout<__nv_bfloat16, 8>::fixup_exponent>();
   check_e8m0_pairs<0>();

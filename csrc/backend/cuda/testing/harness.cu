@@ -223,13 +223,17 @@ HostProblem make_problem(const Case& c, std::mt19937& rng) {
     }
   }
   h.scales.resize(w_count * groups * scale_bytes);
-  std::uniform_int_distribution<int> e8m0(118, 136);
+  // E8M0 scales from 2^-9 to 2^1, and one group in 500 up to 2^9: passes
+  // of float16 x in float16 and in bfloat16, of bfloat16 x in one step and
+  // in two.
+  std::uniform_int_distribution<int> e8m0(118, 128);
+  std::uniform_int_distribution<int> large_e8m0(129, 136);
   std::uniform_int_distribution<int> e4m3(0x20, 0x5F);
   std::uniform_real_distribution<float> uniform(0.25f, 2.0f);
   for (int64_t i = 0; i < w_count * groups; ++i) {
     switch (encoding) {
       case ScaleEncoding::e8m0:
-        h.scales[i] = uint8_t(e8m0(rng));
+        h.scales[i] = uint8_t(rng() % 500 ? e8m0(rng) : large_e8m0(rng));
         break;
       case ScaleEncoding::e4m3:
         h.scales[i] = uint8_t(e4m3(rng));
@@ -610,10 +614,13 @@ std::vector<Case> test_cases() {
   // Non-finite scales, NaN codes and zero x, element by element.
   for (const auto& m : kModes) {
     for (bool transpose : {true, false}) {
-      Case c{name(m, "f32", transpose, 3, 256, 512, " nonfinite"), m.mode,
-             m.group_size, FloatType::float32, m.scale_type, transpose, 3, 256, 512};
-      c.nonfinite = true;
-      cases.push_back(c);
+      for (const auto& [type, tname] : {std::pair{FloatType::float32, "f32"},
+                                        std::pair{FloatType::float16, "f16"}}) {
+        Case c{name(m, tname, transpose, 3, 256, 512, " nonfinite"), m.mode,
+               m.group_size, type, m.scale_type, transpose, 3, 256, 512};
+        c.nonfinite = true;
+        cases.push_back(c);
+      }
     }
   }
   // Batch with broadcast w; gather with random, sorted, out-of-range indices.
@@ -832,9 +839,14 @@ void bench(const std::string& only) {
   CHECK_CUDA(cudaMalloc(&pool, kPool + (64 << 20)));
   CHECK_CUDA(cudaMalloc(&scale_pool, kPool / 4));
   // Codes random (E4M3 magnitudes below 0x7F); scales finite: every byte
-  // 0x3C is finite in each encoding.
+  // 0x3C is finite in each encoding, and small where a float (so that the
+  // multipliers take one step). E8M0 scales are 0x78 instead (2^-7, a
+  // model's, where float16 x multiplies in float16: HalfWindow), set per
+  // case.
   fill_kernel<<<1024, 256>>>((uint32_t*)pool, (kPool + (64 << 20)) / 4, 1, 0xFFFFFFFFu, 0);
-  CHECK_CUDA(cudaMemset(scale_pool, 0x3C, kPool / 4));
+  constexpr int kScaleByte = 0x3C;
+  constexpr int kE8M0ScaleByte = 0x78;
+  CHECK_CUDA(cudaMemset(scale_pool, kScaleByte, kPool / 4));
   uint32_t* sink = nullptr;
   CHECK_CUDA(cudaMalloc(&sink, 4));
   const double read_us = time_us(
@@ -864,6 +876,10 @@ void bench(const std::string& only) {
     }
     const auto plan = cu::plan(problem, as.major ? as : device, request);
     const int copies = int(std::max<int64_t>(2, kPool / set_w));
+    const bool e8m0 = mlx_fpqmm::scale_encoding(problem.mode, problem.scale_type) ==
+                      ScaleEncoding::e8m0;
+    CHECK_CUDA(cudaMemset(scale_pool, e8m0 ? kE8M0ScaleByte : kScaleByte,
+                          std::min(set_s * copies, kPool / 4)));
     DeviceProblem d;
     d.x = x;
     d.y = y;
