@@ -1,13 +1,13 @@
-"""The arithmetic of fp_qmv's decode (csrc/backend/cuda/kernels/fp_qmv.cuh and
-fp_decode.cuh), modelled in numpy with ml_dtypes' bfloat16: code bits placed
-in a bfloat16 (code_pair_bits), then one bfloat16 multiply by the scale times
-the layout's fixup, or two where that product leaves bfloat16's range
-(needs_two_steps; never for E4M3 scales). An E8M0 scale's multiplier is
-its byte plus the fixup's exponent put in the exponent field (e8m0_bfloat16_pair), up to the largest
-byte that one step holds (kE8M0LargestPairByte); an E4M3 scale's is the float
-product rounded to bfloat16 (scaled_fixup). For the MLX formats every code
-times every scale comes out exactly (the CUDA tests check the kernels
-themselves on a GPU)."""
+"""The arithmetic of fp_qmv's bfloat16 decode (csrc/backend/cuda/kernels/fp_qmv.cuh
+and fp_decode.cuh), modelled in numpy with ml_dtypes' bfloat16: code bits
+placed in a bfloat16 (code_pair_bits), then one bfloat16 multiply by the scale
+times the layout's fixup, or two where that product leaves bfloat16's range
+(needs_two_steps; never for E4M3 scales). An E8M0 scale's multiplier is its
+byte plus the fixup's exponent put in the exponent field (e8m0_pair), up to
+the largest byte that one step holds (kE8M0LargestPairByte); an E4M3 scale's
+is the float product rounded to bfloat16 (one_step_multiplier). For the MLX
+formats every code times every scale comes out exactly (decode_test checks the
+float16 decode, the CUDA tests the kernels themselves on a GPU)."""
 
 import ml_dtypes
 import numpy as np

@@ -168,6 +168,8 @@ inline constexpr uint32_t kE8M0LargestPairByte = 254 - f;
 // smaller and the float32 sums make up for it (small enough for float16's
 // too: HalfWindow).
 inline constexpr int kE4M3ScaleShift = 8;
+// Every finite E4M3 value is below 2^9 (448; decode_test checks it).
+inline constexpr int kE4M3ScaleExponentBound = 9;
 
 template <int encoding>
 __host__ __device__ constexpr int scale_shift() {
@@ -185,8 +187,21 @@ struct HalfWindow {
   static constexpr int lowest = bits == 4 ? -23 : -15;
   static constexpr int highest = bits == 4 ? 1 : 7;
 };
-// E4M3 (FN), exact: one conversion instruction from sm_89 on, the E4M3
-// pair decode before.
+template <int bits>
+__host__ __device__ constexpr bool e8m0_in_half_window(uint32_t byte) {
+  constexpr int lowest_byte = 127 + HalfWindow<bits>::lowest;
+  return byte - uint32_t(lowest_byte) <=
+         uint32_t(HalfWindow<bits>::highest - HalfWindow<bits>::lowest);
+}
+
+// The power of two of a group's multiplier besides its scale: the layout's
+// fixup, 2^-scale_shift of it.
+template <typename H, int bits, int encoding>
+inline constexpr int kMultiplierExponent =
+    CodeLayout<H, bits>::fixup_exponent - scale_shift<encoding>();
+
+// E4M3 (FN), exact: one conversion instruction in code for sm_89 or later
+// (the sm_90 build), the E4M3 pair decode before.
 __device__ __forceinline__ float decode_e4m3(uint32_t byte) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   return __half2float(__nv_cvt_fp8_to_halfraw(byte, __NV_E4M3));

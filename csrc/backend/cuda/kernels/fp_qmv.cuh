@@ -4,11 +4,12 @@
 // bytes of a row) and takes them apart into mma steps together with the same
 // codes of x. A step's codes then span the groups of the quad's lanes, so
 // the scale cannot wait for the float32 sums: it is multiplied into the
-// bfloat16 pairs of codes, exactly for the MLX formats (a power of two or
-// an E4M3 scale times an E2M1 or E4M3 code fits bfloat16's 8 significant
-// bits). float32 x enters as bfloat16 high and low parts; float16 x too,
-// unless the warp's scales of a pass fold into float16 codes exactly
-// (HalfWindow), where codes and x multiply in float16.
+// 16-bit pairs of codes, exactly for the MLX formats (a power of two or an
+// E4M3 scale times an E2M1 or E4M3 code fits bfloat16's 8 significant
+// bits). Codes are bfloat16 pairs, and float32 x enters as bfloat16 high
+// and low parts; float16 x too, unless the warp's scales of a pass fold
+// into float16 codes exactly (HalfWindow), where codes and x multiply in
+// float16.
 #pragma once
 
 #include "backend/cuda/kernels/fp_mma.cuh"
@@ -52,41 +53,36 @@ template <int bits>
 inline constexpr int kBfloat16FixupExponent =
     CodeLayout<__nv_bfloat16, bits>::fixup_exponent;
 
-// The power of two of a group's multiplier besides its scale: the layout's
-// fixup, 2^-scale_shift of it.
-template <typename H, int bits, int encoding>
-inline constexpr int kMultiplierExponent =
-    CodeLayout<H, bits>::fixup_exponent - scale_shift<encoding>();
-
-template <typename T, int encoding>
+// Whether float16 x multiplies in float16 codes where its scales allow
+// (E2M1 codes; E4M3 codes only with E8M0 scales, as MLX's formats have
+// them).
+template <typename T, int bits, int encoding>
 inline constexpr bool kHalfCodes =
     std::is_same_v<T, __half> &&
-    (encoding == kScaleE8M0 || encoding == kScaleE4M3);
+    (encoding == kScaleE8M0 || (encoding == kScaleE4M3 && bits == 4));
 
+// Whether a group's scale folds into float16 codes exactly (HalfWindow).
 template <int bits, int encoding>
 __device__ __forceinline__ bool in_half_window(GroupScale<encoding> scale) {
   if constexpr (encoding == kScaleE8M0) {
-    constexpr int lowest_byte = 127 + HalfWindow<bits>::lowest;
-    return scale - uint32_t(lowest_byte) <=
-           uint32_t(HalfWindow<bits>::highest - HalfWindow<bits>::lowest);
+    return e8m0_in_half_window<bits>(scale);
   } else {
     return true;
   }
 }
 
-// The pair that multiplies a group's code pairs: its scale times the
-// layout's fixup (2^-scale_shift of it). Where that product leaves
-// bfloat16's range (a finite scale of 4 or more with E2M1 codes) the fixup
-// alone multiplies first and the scale second (`two_steps`).
+// A group's scale times its bfloat16 multiplier's power of two: where that
+// product leaves bfloat16's range (a finite scale of 4 or more with E2M1
+// codes) the fixup alone multiplies first and the scale second
+// (`two_steps`).
 template <int bits, int encoding>
 __device__ __forceinline__ float scaled_fixup(float scale) {
   return scale *
-         power_of_two(kBfloat16FixupExponent<bits> - scale_shift<encoding>());
+         power_of_two(kMultiplierExponent<__nv_bfloat16, bits, encoding>);
 }
 
-// E4M3 scales are below 2^kE4M3ScaleExponentBound (448 at most): times
-// their scaled fixup they stay in bfloat16's range, one step always.
-inline constexpr int kE4M3ScaleExponentBound = 9;
+// E4M3 scales (below 2^kE4M3ScaleExponentBound) times their scaled fixup
+// stay in bfloat16's range: one step always.
 template <int encoding>
 inline constexpr bool kMayNeedTwoSteps = encoding != kScaleE4M3;
 static_assert(
@@ -140,8 +136,8 @@ two_step_multipliers(GroupScale<encoding> scale) {
         e8m0_pair<__nv_bfloat16, 0>(scale)};
   } else {
     return {
-        bits_of(__float2bfloat162_rn(power_of_two(
-            kBfloat16FixupExponent<bits> - scale_shift<encoding>()))),
+        bits_of(__float2bfloat162_rn(
+            power_of_two(kMultiplierExponent<__nv_bfloat16, bits, encoding>))),
         bits_of(__float2bfloat162_rn(scale))};
   }
 }
@@ -251,6 +247,21 @@ __device__ __forceinline__ void multiply_word(
   }
 }
 
+// f(t, h, g) for group g of each of a lane's chunks: tile t's row h.
+template <int tiles, int groups, typename F>
+__device__ __forceinline__ void for_each_group(F&& f) {
+#pragma unroll
+  for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int g = 0; g < groups; ++g) {
+        f(t, h, g);
+      }
+    }
+  }
+}
+
 // The mma steps of a lane's 16-byte chunks of codes, codes[t][h] of tile
 // t's row h (four words), whose groups' scales are `scales`: the scales are
 // multiplied into the code pairs, in float16 where x is float16 and every
@@ -279,17 +290,10 @@ __device__ __forceinline__ void multiply_chunk(
     using H = typename decltype(code_type)::type;
     constexpr bool two = decltype(two_steps_constant)::value;
     Multipliers multipliers[tiles][2][groups];
-#pragma unroll
-    for (int t = 0; t < tiles; ++t) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int g = 0; g < groups; ++g) {
-          multipliers[t][h][g] =
-              multipliers_for<H, bits, encoding, two>(scales[t][h][g]);
-        }
-      }
-    }
+    for_each_group<tiles, groups>([&](int t, int h, int g) {
+      multipliers[t][h][g] =
+          multipliers_for<H, bits, encoding, two>(scales[t][h][g]);
+    });
 #pragma unroll
     for (int word = 0; word < 4; ++word) {
       uint32_t words[tiles][2];
@@ -308,20 +312,17 @@ __device__ __forceinline__ void multiply_chunk(
           sums, words, word_multipliers, x_word, live_blocks);
     }
   };
-  if constexpr (kHalfCodes<T, encoding>) {
+  constexpr std::type_identity<__half> half_codes;
+  if constexpr (kHalfCodes<T, bits, encoding> && encoding == kScaleE4M3) {
+    multiply(half_codes, std::false_type{});
+    return;
+  } else if constexpr (kHalfCodes<T, bits, encoding>) {
     bool in_window = true;
-#pragma unroll
-    for (int t = 0; t < tiles; ++t) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int g = 0; g < groups; ++g) {
-          in_window &= in_half_window<bits, encoding>(scales[t][h][g]);
-        }
-      }
-    }
-    if (encoding == kScaleE4M3 || __all_sync(0xFFFFFFFFu, in_window)) {
-      multiply(std::type_identity<__half>{}, std::false_type{});
+    for_each_group<tiles, groups>([&](int t, int h, int g) {
+      in_window &= in_half_window<bits, encoding>(scales[t][h][g]);
+    });
+    if (__all_sync(0xFFFFFFFFu, in_window)) {
+      multiply(half_codes, std::false_type{});
       return;
     }
   }
@@ -475,17 +476,10 @@ __device__ __forceinline__ void fp_qmv_impl(
     }
     GroupScale<encoding> scales[tiles][2][groups];
     bool two_steps = false;
-#pragma unroll
-    for (int t = 0; t < tiles; ++t) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int g = 0; g < groups; ++g) {
-          scales[t][h][g] = group_scale<encoding>(current.scales[t][h][g]);
-          two_steps |= needs_two_steps<bits, encoding>(scales[t][h][g]);
-        }
-      }
-    }
+    for_each_group<tiles, groups>([&](int t, int h, int g) {
+      scales[t][h][g] = group_scale<encoding>(current.scales[t][h][g]);
+      two_steps |= needs_two_steps<bits, encoding>(scales[t][h][g]);
+    });
 
     multiply_chunk<T, bits, encoding>(
         sums, codes, scales, two_steps, [&](int word, auto& x_word) {

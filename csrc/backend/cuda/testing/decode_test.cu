@@ -2,9 +2,10 @@
 // run on the host (no GPU needed; tests/test_cuda_build.py builds and runs
 // it): every pair laid out for half and bfloat16, times the layout's fixup,
 // is MLX's value of each code (common/formats.h), over every pattern of a
-// word's low and of its high 16 bits and random words; and the bfloat16
-// pairs of E8M0 scales times the fixups. Prints the failures and exits 1 if
-// any.
+// word's low and of its high 16 bits and random words; the bfloat16 pairs
+// of E8M0 scales times the fixups; and the float16 codes' scale folds: the
+// E8M0 windows byte by byte, every E4M3 scale with every E2M1 code. Prints
+// the failures and exits 1 if any.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -111,38 +112,42 @@ void check_e8m0_pairs() {
   }
 }
 
-// Float16 codes times the multiplier of an E8M0 scale (e8m0_pair<__half,
-// fixup>): every code's product is exact, and the multiplier a normal
-// float16, exactly for the bytes of HalfWindow.
+// Float16 codes times the multiplier of an E8M0 scale (e8m0_pair of the
+// kernels' kMultiplierExponent): every code's product is exact, and both
+// halves of the multiplier a normal float16, exactly for the bytes that
+// e8m0_in_half_window takes.
 template <int bits>
 void check_half_window() {
-  constexpr int fixup = CodeLayout<__half, bits>::fixup_exponent;
+  constexpr int exponent = kMultiplierExponent<__half, bits, fpqmm::kScaleE8M0>;
+  constexpr int largest_field = 2 * FloatFormat<__half>::bias;
   for (uint32_t byte = 0; byte < 255; ++byte) {
-    const int field = int(byte) - 127 + fixup + 15;
-    bool exact = field >= 1 && field <= 30;
-    const float multiplier =
-        half_value(uint16_t(e8m0_pair<__half, fixup>(byte)), __half{});
-    for (uint32_t code = 0; exact && code < (1u << bits); ++code) {
-      const double value = bits == 4 ? mlx_fpqmm::kE2M1Values[code]
-                                     : mlx_fpqmm::kE4M3Values[code];
-      if (std::isnan(value)) {
-        continue;
+    const int field = int(byte) - 127 + exponent + FloatFormat<__half>::bias;
+    bool exact = field >= 1 && field <= largest_field;
+    const uint32_t pair = e8m0_pair<__half, exponent>(byte);
+    for (int half = 0; half < 2 && exact; ++half) {
+      const float multiplier =
+          half_value(uint16_t(pair >> (16 * half)), __half{});
+      exact = multiplier == std::ldexp(1.0f, int(byte) - 127 + exponent);
+      for (uint32_t code = 0; exact && code < (1u << bits); ++code) {
+        const double value = bits == 4 ? mlx_fpqmm::kE2M1Values[code]
+                                       : mlx_fpqmm::kE4M3Values[code];
+        if (std::isnan(value)) {
+          continue;
+        }
+        const float raw = half_value(
+            uint16_t(code_pair_bits<__half, bits>(code, 0)), __half{});
+        const float product = __half2float(__float2half_rn(raw * multiplier));
+        exact = product == std::ldexp(value, int(byte) - 127);
       }
-      const float raw =
-          half_value(uint16_t(code_pair_bits<__half, bits>(code, 0)), __half{});
-      const float product = __half2float(__float2half_rn(raw * multiplier));
-      exact = product == std::ldexp(value, int(byte) - 127);
     }
-    const bool in_window = int(byte) - 127 >= HalfWindow<bits>::lowest &&
-                           int(byte) - 127 <= HalfWindow<bits>::highest;
-    if (exact != in_window && ++failures <= 10) {
+    if (exact != e8m0_in_half_window<bits>(byte) && ++failures <= 10) {
       std::printf(
           "E8M0 byte %u with %d-bit float16 codes: exact %d, in the window "
           "%d\n",
           byte,
           bits,
           exact,
-          in_window);
+          !exact);
     }
   }
 }
@@ -150,12 +155,15 @@ void check_half_window() {
 // Every finite E4M3 scale times every E2M1 code in float16, 2^-kE4M3ScaleShift
 // of it: the multiplier and the product exact.
 void check_half_e4m3_scales() {
-  constexpr int exponent =
-      CodeLayout<__half, 4>::fixup_exponent - kE4M3ScaleShift;
+  constexpr int exponent = kMultiplierExponent<__half, 4, fpqmm::kScaleE4M3>;
   for (int byte = 0; byte < 256; ++byte) {
     const double scale = mlx_fpqmm::kE4M3Values[byte];
     if (std::isnan(scale)) {
       continue;
+    }
+    if (std::fabs(scale) >= std::ldexp(1.0, kE4M3ScaleExponentBound) &&
+        ++failures <= 10) {
+      std::printf("E4M3 scale %02x: %g is not below the bound\n", byte, scale);
     }
     const float multiplier =
         __half2float(__float2half_rn(float(std::ldexp(scale, exponent))));

@@ -124,6 +124,9 @@ struct Case {
   enum class Indices { random, sorted, out_of_range } indices = Indices::random;
   bool global_scale = false;
   bool nonfinite = false;  // inf / NaN scales, NaN codes, zero x
+  // E8M0 scales at the float16 windows' edges (HalfWindow) and float16
+  // subnormals among x.
+  bool window_edges = false;
   std::optional<cu::KernelRequest> request;
   bool as_sm80 = false;  // planned as for sm_80 (split K through partials)
   int as_sms = 0;        // planned as for a GPU of this many SMs (0: this one's)
@@ -232,9 +235,13 @@ HostProblem make_problem(const Case& c, std::mt19937& rng) {
   std::uniform_real_distribution<float> uniform(0.25f, 2.0f);
   for (int64_t i = 0; i < w_count * groups; ++i) {
     switch (encoding) {
-      case ScaleEncoding::e8m0:
-        h.scales[i] = uint8_t(rng() % 500 ? e8m0(rng) : large_e8m0(rng));
+      case ScaleEncoding::e8m0: {
+        constexpr uint8_t kEdges[] = {103, 104, 105, 111, 112, 113, 127, 128, 129, 134, 135};
+        h.scales[i] = c.window_edges ? kEdges[rng() % std::size(kEdges)]
+            : rng() % 500            ? uint8_t(e8m0(rng))
+                                     : uint8_t(large_e8m0(rng));
         break;
+      }
       case ScaleEncoding::e4m3:
         h.scales[i] = uint8_t(e4m3(rng));
         break;
@@ -246,7 +253,8 @@ HostProblem make_problem(const Case& c, std::mt19937& rng) {
   h.x.resize(x_count * int64_t(c.M) * c.K * x_itemsize(c.x_type));
   std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
   for (int64_t i = 0; i < x_count * int64_t(c.M) * c.K; ++i) {
-    store_float(h.x, c.x_type, i, xd(rng));
+    const bool subnormal = c.window_edges && i % 5 == 0;
+    store_float(h.x, c.x_type, i, subnormal ? std::ldexp(xd(rng), -15) : xd(rng));
   }
   if (c.global_scale) {
     for (int64_t i = 0; i < (c.pairs > 0 ? w_count : 1); ++i) {
@@ -623,6 +631,16 @@ std::vector<Case> test_cases() {
       }
     }
   }
+  // E8M0 scales at the float16 windows' edges and float16 subnormal x
+  // (qmv, and tiled at 24 rows).
+  for (const auto& m : {kModes[0], kModes[2]}) {
+    for (int M : {1, 16, 24}) {
+      Case c{name(m, "f16", true, M, 256, 1024, " window edges"), m.mode,
+             m.group_size, FloatType::float16, m.scale_type, true, M, 256, 1024};
+      c.window_edges = true;
+      cases.push_back(c);
+    }
+  }
   // Batch with broadcast w; gather with random, sorted, out-of-range indices.
   for (bool transpose : {true, false}) {
     Case b{name(kModes[0], "bf16", transpose, 3, 256, 320, " batch 2x3 bw"),
@@ -846,7 +864,6 @@ void bench(const std::string& only) {
   fill_kernel<<<1024, 256>>>((uint32_t*)pool, (kPool + (64 << 20)) / 4, 1, 0xFFFFFFFFu, 0);
   constexpr int kScaleByte = 0x3C;
   constexpr int kE8M0ScaleByte = 0x78;
-  CHECK_CUDA(cudaMemset(scale_pool, kScaleByte, kPool / 4));
   uint32_t* sink = nullptr;
   CHECK_CUDA(cudaMalloc(&sink, 4));
   const double read_us = time_us(
@@ -878,8 +895,11 @@ void bench(const std::string& only) {
     const int copies = int(std::max<int64_t>(2, kPool / set_w));
     const bool e8m0 = mlx_fpqmm::scale_encoding(problem.mode, problem.scale_type) ==
                       ScaleEncoding::e8m0;
-    CHECK_CUDA(cudaMemset(scale_pool, e8m0 ? kE8M0ScaleByte : kScaleByte,
-                          std::min(set_s * copies, kPool / 4)));
+    if (set_s * copies > kPool / 4) {
+      std::printf("%s: the scales' copies exceed their pool\n", label.c_str());
+      std::exit(1);
+    }
+    CHECK_CUDA(cudaMemset(scale_pool, e8m0 ? kE8M0ScaleByte : kScaleByte, set_s * copies));
     DeviceProblem d;
     d.x = x;
     d.y = y;
