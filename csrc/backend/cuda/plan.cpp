@@ -481,6 +481,19 @@ std::string wgmma_reason(const QmmProblem& p, const CudaDevice& device) {
       p, device, wgmma_x_tiles_bytes(p, ceil_div(p.M, fc::kWgmmaXRows)));
 }
 
+namespace {
+
+// The rows above which fp_qmm_wgmma takes `p` by default where it runs.
+int wgmma_min_rows(const QmmProblem& p, const CudaDevice& device) {
+  const int64_t blocks = ceil_div(p.N, fc::wgmma_rows_per_block(1)) *
+                         ceil_div(p.M, fc::kWgmmaXRows);
+  return format_for(p.mode).bits == 4 && half_fills(blocks, 1, device)
+             ? kWgmmaMinRowsE2M1Wide
+             : kWgmmaMinRows;
+}
+
+}  // namespace
+
 std::string_view path_name(KernelPath path) {
   constexpr std::array<std::string_view, 7> names = {
       "qmv", "qvm", "simple", "dequantize_matmul", "grouped", "tiled", "wgmma"};
@@ -700,7 +713,7 @@ KernelPlan plan(
     case KernelRequest::dequantize:
     case KernelRequest::grouped:
       plan.path = decode_rows ? p.transpose ? KernelPath::qmv : KernelPath::qvm
-                  : why_not_wgmma.empty() && p.M > kWgmmaMinRows
+                  : why_not_wgmma.empty() && p.M > wgmma_min_rows(p, device)
                       ? KernelPath::wgmma
                   : why_not_tiled.empty() ? KernelPath::tiled
                                           : KernelPath::simple;
@@ -708,7 +721,8 @@ KernelPlan plan(
           decode_rows ? rows + " is in the decode range (at most " +
                             std::to_string(kDecodeRows) + ")"
           : plan.path == KernelPath::wgmma
-              ? rows + " is above " + std::to_string(kWgmmaMinRows) +
+              ? rows + " is above " +
+                    std::to_string(wgmma_min_rows(p, device)) +
                     " rows: Hopper's warpgroup MMA"
           : why_not_tiled.empty()
               ? rows + " is above the decode range: block tiles of W and x " +

@@ -447,6 +447,21 @@ int main() {
           wide.main.shared_bytes == fpqmm::cuda::wgmma_shared_bytes(4, 2) &&
           wide.main.shared_bytes <= 227 * 1024,
       "wgmma 256 rows: " + wide.main.kernel);
+  // Above 24 rows with E2M1 codes where the 128-row blocks half fill the
+  // GPU; above 48 otherwise.
+  auto path_at = [&](Mode mode, int M, int N) {
+    return auto_plan(problem(mode, true, M, N, 4096), h200).path;
+  };
+  check(
+      path_at(Mode::mxfp4, 25, 14336) == cu::KernelPath::wgmma &&
+          path_at(Mode::nvfp4, 32, 14336) == cu::KernelPath::wgmma &&
+          path_at(Mode::fp4, 32, 14336) == cu::KernelPath::wgmma &&
+          path_at(Mode::mxfp4, 24, 14336) == cu::KernelPath::tiled &&
+          path_at(Mode::mxfp8, 48, 14336) == cu::KernelPath::tiled &&
+          path_at(Mode::mxfp8, 49, 14336) == cu::KernelPath::wgmma &&
+          path_at(Mode::mxfp4, 48, 4096) == cu::KernelPath::tiled &&
+          path_at(Mode::mxfp4, 49, 4096) == cu::KernelPath::wgmma,
+      "wgmma's first rows by codes and N");
   auto small_grid =
       auto_plan(problem(Mode::mxfp8, true, 128, 4096, 14336), h200);
   check(
