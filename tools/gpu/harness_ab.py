@@ -1,0 +1,153 @@
+"""Kernels alone, side by side: the standalone CUDA harness
+(csrc/backend/cuda/testing) of several git revisions in one device call.
+
+Here:    python3 tools/gpu/harness_ab.py prepare main qmv-xahead ...
+         exports each revision's csrc/ to .gpu/ab/<name>/ (a revision's name
+         with "/" as "-", or name=REV) and MLX's CUDA headers (those that
+         tests/test_cuda_build.py caches) to .gpu/ab/include.
+Device:  python3 tools/gpu/harness_ab.py run --only "14336x4096 M=1 bf16" ...
+         (carry .gpu/ab) builds every tree in parallel, runs `harness --test` of
+         each unless --no-test, then --rounds rounds of `harness --bench --only
+         FILTER` of every tree in turn, until --until seconds, and prints one row
+         a case: each tree's times (us) and the first tree's kernel. Logs go to
+         $OUT/harness_ab (or /tmp/harness_ab).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+AB = ROOT / ".gpu" / "ab"
+CACHE = Path(os.environ.get("MLX_FPQMM_CACHE") or Path.home() / ".cache" / "mlx_fpqmm")
+# A bench row: the case, its time (us), GB/s, % of the read bandwidth, the kernel.
+ROW = re.compile(r"^(\S.*?)\s+([0-9.]+)\s+\S+\s+\S+%\s\s(.*)$")
+
+
+def mlx_version() -> str:
+    pin = re.search(r'mlx[^"]*==([0-9.]+)', (ROOT / "pyproject.toml").read_text())
+    return pin.group(1) if pin else "0.32.4"
+
+
+def prepare(revisions: list[str]) -> None:
+    headers = CACHE / f"mlx-cuda-13-{mlx_version()}" / "mlx" / "include" / "mlx"
+    if not headers.is_dir():
+        sys.exit(
+            f"{headers} is missing: `.venv/bin/python -m pytest tests/test_cuda_build.py "
+            "-k decoded` fetches it once"
+        )
+    shutil.rmtree(AB, ignore_errors=True)
+    AB.mkdir(parents=True)
+    shutil.copytree(headers, AB / "include" / "mlx")
+    for revision in revisions:
+        name, _, rev = revision.rpartition("=") if "=" in revision else ("", "", revision)
+        tree = AB / (name or rev.replace("/", "-"))
+        tree.mkdir()
+        subprocess.run(
+            f"git archive {rev} csrc | tar -x -C {tree}", shell=True, cwd=ROOT, check=True
+        )
+        print(f"{tree.relative_to(ROOT)}: {rev}")
+    grep = "grep -qxF '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude"
+    subprocess.run(grep, shell=True, cwd=ROOT, check=True)
+
+
+def trees() -> list[Path]:
+    return sorted(p for p in AB.iterdir() if (p / "csrc").is_dir())
+
+
+def build(tree: Path) -> tuple[Path, int]:
+    out = Path("/tmp/harness_ab") / tree.name
+    script = tree / "csrc" / "backend" / "cuda" / "testing" / "build.sh"
+    with open(log_dir() / f"build_{tree.name}.log", "w") as log:
+        done = subprocess.run(
+            ["sh", str(script), str(out), str(AB / "include")], stdout=log, stderr=log
+        )
+    return out / "harness", done.returncode
+
+
+def log_dir() -> Path:
+    path = Path(os.environ.get("OUT", "/tmp")) / "harness_ab"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def run(filters: list[str], rounds: int, until: float, test: bool) -> None:
+    start = time.monotonic()
+    names = [tree.name for tree in trees()]
+    with ThreadPoolExecutor(len(names)) as pool:
+        built = dict(zip(names, pool.map(build, trees()), strict=True))
+    for name, (_, code) in built.items():
+        print(f"build {name}: {'ok' if code == 0 else f'failed ({code}), see its log'}")
+    binaries = {name: binary for name, (binary, code) in built.items() if code == 0}
+    if test:
+        with ThreadPoolExecutor(len(binaries)) as pool:
+            results = pool.map(
+                lambda item: subprocess.run(
+                    [str(item[1]), "--test"], capture_output=True, text=True, timeout=300
+                ),
+                binaries.items(),
+            )
+            for name, result in zip(binaries, results, strict=True):
+                (log_dir() / f"test_{name}.log").write_text(result.stdout + result.stderr)
+                lines = result.stdout.strip().splitlines()
+                failed = [line for line in lines if line.startswith("FAIL")]
+                print(
+                    f"test {name}: {lines[-1] if lines else 'no output'}", *failed[:10], sep="\n  "
+                )
+    times: dict[str, dict[str, list[float]]] = collections.defaultdict(
+        lambda: collections.defaultdict(list)
+    )
+    kernels: dict[str, str] = {}
+    done_rounds = 0
+    for _ in range(rounds):
+        if time.monotonic() - start > until:
+            break
+        for name, binary in binaries.items():
+            for only in filters:
+                bench = subprocess.run(
+                    [str(binary), "--bench", "--only", only],
+                    capture_output=True, text=True, timeout=120,
+                )  # fmt: skip
+                with open(log_dir() / "bench.log", "a") as log:
+                    log.write(f"### {name} {only}\n{bench.stdout}{bench.stderr}")
+                for line in bench.stdout.splitlines():
+                    row = ROW.match(line.rstrip())
+                    if row:
+                        times[row.group(1)][name].append(float(row.group(2)))
+                        kernels.setdefault(row.group(1), row.group(3))
+        done_rounds += 1
+    print(f"{done_rounds} rounds in {time.monotonic() - start:.0f} s; us, each run:")
+    print("case".ljust(52), *(name.rjust(24) for name in binaries), " kernel")
+    for case, by_tree in times.items():
+        cells = ("/".join(f"{t:.2f}" for t in by_tree.get(name, [])) for name in binaries)
+        print(case[:52].ljust(52), *(cell.rjust(24) for cell in cells), "", kernels[case][:40])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    prep = commands.add_parser("prepare", help="export revisions' csrc/ and MLX's headers")
+    prep.add_argument("revisions", nargs="+", help="git revisions, or name=revision")
+    bench = commands.add_parser("run", help="on the GPU machine: build, test, bench")
+    bench.add_argument("--only", action="append", required=True, help="a bench filter")
+    bench.add_argument("--rounds", type=int, default=3)
+    bench.add_argument("--until", type=float, default=480.0, help="no new round after this")
+    bench.add_argument("--no-test", dest="test", action="store_false")
+    args = parser.parse_args()
+    if args.command == "prepare":
+        prepare(args.revisions)
+    else:
+        run(args.only, args.rounds, args.until, args.test)
+
+
+if __name__ == "__main__":
+    main()
