@@ -1,9 +1,10 @@
 """Kernels alone, side by side: the standalone CUDA harness
 (csrc/backend/cuda/testing) of several git revisions in one device call.
 
-Here:    python3 tools/gpu/harness_ab.py prepare main qmv-xahead ...
+Here:    python3 tools/gpu/harness_ab.py prepare main xahead=main+PATCH ...
          exports each revision's csrc/ to .gpu/ab/<name>/ (a revision's name
-         with "/" as "-", or name=REV) and MLX's CUDA headers (those that
+         with "/" as "-", or name=REV), with the patches after "+" applied
+         (tools/gpu/experiments), and MLX's CUDA headers (those that
          tests/test_cuda_build.py caches) to .gpu/ab/include.
 Device:  python3 tools/gpu/harness_ab.py run --only "14336x4096 M=1 bf16" ...
          (carry .gpu/ab) builds every tree in parallel, runs `harness --test` of
@@ -49,13 +50,17 @@ def prepare(revisions: list[str]) -> None:
     AB.mkdir(parents=True)
     shutil.copytree(headers, AB / "include" / "mlx")
     for revision in revisions:
-        name, _, rev = revision.rpartition("=") if "=" in revision else ("", "", revision)
+        name, _, spec = revision.rpartition("=")
+        rev, *patches = spec.split("+")
         tree = AB / (name or rev.replace("/", "-"))
         tree.mkdir()
         subprocess.run(
             f"git archive {rev} csrc | tar -x -C {tree}", shell=True, cwd=ROOT, check=True
         )
-        print(f"{tree.relative_to(ROOT)}: {rev}")
+        for patch in patches:
+            with open(ROOT / patch) as diff:
+                subprocess.run(["patch", "-s", "-p1", "-d", str(tree)], stdin=diff, check=True)
+        print(f"{tree.relative_to(ROOT)}: {spec}")
     grep = "grep -qxF '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude"
     subprocess.run(grep, shell=True, cwd=ROOT, check=True)
 
@@ -136,7 +141,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     prep = commands.add_parser("prepare", help="export revisions' csrc/ and MLX's headers")
-    prep.add_argument("revisions", nargs="+", help="git revisions, or name=revision")
+    prep.add_argument("revisions", nargs="+", help="git revisions: [name=]revision[+patch...]")
     bench = commands.add_parser("run", help="on the GPU machine: build, test, bench")
     bench.add_argument("--only", action="append", required=True, help="a bench filter")
     bench.add_argument("--rounds", type=int, default=3)
