@@ -309,20 +309,13 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
     // (warp-uniform; the wgmma stays outside the branch).
     two = kMayNeedTwoSteps<encoding> && __any_sync(0xFFFFFFFFu, two);
     Multipliers multipliers[tiles][2][groups];
-#pragma unroll
-    for (int i = 0; i < tiles; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int g = 0; g < groups; ++g) {
-          multipliers[i][h][g] =
-              two ? multipliers_for<__nv_bfloat16, bits, encoding, true>(
-                        scales[i][h][g])
-                  : multipliers_for<__nv_bfloat16, bits, encoding, false>(
-                        scales[i][h][g]);
-        }
-      }
-    }
+    for_each_group<tiles, groups>([&](int i, int h, int g) {
+      multipliers[i][h][g] =
+          two ? multipliers_for<__nv_bfloat16, bits, encoding, true>(
+                    scales[i][h][g])
+              : multipliers_for<__nv_bfloat16, bits, encoding, false>(
+                    scales[i][h][g]);
+    });
     sm90::barrier_wait(barriers + 8 * slot, (ring + s) / stages % 2);
     const uint64_t descriptor =
         sm90::kmajor_descriptor(sm90::shared_address(at), Tile::lbo, Tile::sbo);
