@@ -21,7 +21,7 @@ import pytest
 from build_lists import cmake_lists, pinned_mlx_version
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = Path(os.environ.get("MLX_FPQMM_CACHE") or Path.home() / ".cache" / "mlx_fpqmm")
+CACHE = Path(os.environ.get("MLX_FPQMM_CACHE_DIR") or Path.home() / ".cache" / "mlx_fpqmm")
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="MLX's CUDA build is Linux-only"

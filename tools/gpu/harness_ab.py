@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 AB = ROOT / ".gpu" / "ab"
-CACHE = Path(os.environ.get("MLX_FPQMM_CACHE") or Path.home() / ".cache" / "mlx_fpqmm")
+CACHE = Path(os.environ.get("MLX_FPQMM_CACHE_DIR") or Path.home() / ".cache" / "mlx_fpqmm")
 # A bench row: the case, its time (us), GB/s, % of the read bandwidth, the kernel.
 ROW = re.compile(r"^(\S.*?)\s+([0-9.]+)\s+\S+\s+\S+%\s\s(.*)$")
 
