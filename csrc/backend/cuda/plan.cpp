@@ -657,6 +657,7 @@ KernelPlan plan(
       grouped_reason(p, format, plan.batch_count);
   const std::string why_not_tiled = tiled_reason(p);
   const std::string why_not_wgmma = wgmma_reason(p, device);
+  const int wgmma_rows = wgmma_min_rows(p, device);
   const bool grouped_requested =
       request == KernelRequest::grouped ||
       ((request == KernelRequest::tiled || request == KernelRequest::wgmma) &&
@@ -713,7 +714,7 @@ KernelPlan plan(
     case KernelRequest::dequantize:
     case KernelRequest::grouped:
       plan.path = decode_rows ? p.transpose ? KernelPath::qmv : KernelPath::qvm
-                  : why_not_wgmma.empty() && p.M > wgmma_min_rows(p, device)
+                  : why_not_wgmma.empty() && p.M > wgmma_rows
                       ? KernelPath::wgmma
                   : why_not_tiled.empty() ? KernelPath::tiled
                                           : KernelPath::simple;
@@ -721,8 +722,7 @@ KernelPlan plan(
           decode_rows ? rows + " is in the decode range (at most " +
                             std::to_string(kDecodeRows) + ")"
           : plan.path == KernelPath::wgmma
-              ? rows + " is above " +
-                    std::to_string(wgmma_min_rows(p, device)) +
+              ? rows + " is above " + std::to_string(wgmma_rows) +
                     " rows: Hopper's warpgroup MMA"
           : why_not_tiled.empty()
               ? rows + " is above the decode range: block tiles of W and x " +

@@ -61,16 +61,6 @@ inline constexpr bool kHalfCodes =
     std::is_same_v<T, __half> &&
     (encoding == kScaleE8M0 || (encoding == kScaleE4M3 && bits == 4));
 
-// Whether a group's scale folds into float16 codes exactly (HalfWindow).
-template <int bits, int encoding>
-__device__ __forceinline__ bool in_half_window(GroupScale<encoding> scale) {
-  if constexpr (encoding == kScaleE8M0) {
-    return e8m0_in_half_window<bits>(scale);
-  } else {
-    return true;
-  }
-}
-
 // A group's scale times its bfloat16 multiplier's power of two: where that
 // product leaves bfloat16's range (a finite scale of 4 or more with E2M1
 // codes) the fixup alone multiplies first and the scale second
@@ -265,12 +255,12 @@ __device__ __forceinline__ void for_each_group(F&& f) {
 // The mma steps of a lane's 16-byte chunks of codes, codes[t][h] of tile
 // t's row h (four words), whose groups' scales are `scales`: the scales are
 // multiplied into the code pairs, in float16 where x is float16 and every
-// lane's scales allow it (kHalfCodes, in_half_window), else in bfloat16,
-// in two steps where any lane of the warp needs them (`two_steps` is this
-// lane's say). x_words(word, x_word) points
-// x_word[b] at x's words over word `word`'s codes in x block b, so that a
-// kernel can load them as it goes. Blocks from `live_blocks` on are left
-// out.
+// lane's scales allow it (kHalfCodes: E4M3 scales always, E8M0 ones in
+// their HalfWindow), else in bfloat16, in two steps where any lane of the
+// warp needs them (`two_steps` is this lane's say). x_words(word, x_word)
+// points x_word[b] at x's words over word `word`'s codes in x block b, so
+// that a kernel can load them as it goes. Blocks from `live_blocks` on are
+// left out.
 template <
     typename T,
     int bits,
@@ -319,7 +309,7 @@ __device__ __forceinline__ void multiply_chunk(
   } else if constexpr (kHalfCodes<T, bits, encoding>) {
     bool in_window = true;
     for_each_group<tiles, groups>([&](int t, int h, int g) {
-      in_window &= in_half_window<bits, encoding>(scales[t][h][g]);
+      in_window &= e8m0_in_half_window<bits>(scales[t][h][g]);
     });
     if (__all_sync(0xFFFFFFFFu, in_window)) {
       multiply(half_codes, std::false_type{});

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/kernels/fp_decode.cuh"
 #include "backend/cuda/table.h"
 #include "backend/cuda/plan.h"
 
@@ -149,6 +150,17 @@ float code_value(const uint8_t* w, int bits, int64_t row_bytes, int64_t row, int
   return mlx_fpqmm::kE4M3Values[r[col]];
 }
 
+// An E8M0 byte at an edge of the float16 window of `bits`-wide codes: its
+// lowest or highest scale, or one step past either.
+uint8_t window_edge_byte(int bits, std::mt19937& rng) {
+  const int lowest = bits == 4 ? fpqmm::cuda::HalfWindow<4>::lowest
+                               : fpqmm::cuda::HalfWindow<8>::lowest;
+  const int highest = bits == 4 ? fpqmm::cuda::HalfWindow<4>::highest
+                                : fpqmm::cuda::HalfWindow<8>::highest;
+  const int step = int(rng() % 4);
+  return uint8_t(127 + (step < 2 ? lowest - 1 + step : highest + step - 2));
+}
+
 HostProblem make_problem(const Case& c, std::mt19937& rng) {
   const auto& format = mlx_fpqmm::format_for(c.mode);
   HostProblem h;
@@ -235,13 +247,11 @@ HostProblem make_problem(const Case& c, std::mt19937& rng) {
   std::uniform_real_distribution<float> uniform(0.25f, 2.0f);
   for (int64_t i = 0; i < w_count * groups; ++i) {
     switch (encoding) {
-      case ScaleEncoding::e8m0: {
-        constexpr uint8_t kEdges[] = {103, 104, 105, 111, 112, 113, 127, 128, 129, 134, 135};
-        h.scales[i] = c.window_edges ? kEdges[rng() % std::size(kEdges)]
+      case ScaleEncoding::e8m0:
+        h.scales[i] = c.window_edges ? window_edge_byte(format.bits, rng)
             : rng() % 500            ? uint8_t(e8m0(rng))
                                      : uint8_t(large_e8m0(rng));
         break;
-      }
       case ScaleEncoding::e4m3:
         h.scales[i] = uint8_t(e4m3(rng));
         break;
@@ -858,8 +868,8 @@ void bench(const std::string& only) {
   CHECK_CUDA(cudaMalloc(&scale_pool, kPool / 4));
   // Codes random (E4M3 magnitudes below 0x7F); scales finite: every byte
   // 0x3C is finite in each encoding, and small where a float (so that the
-  // multipliers take one step). E8M0 scales are 0x78 instead (2^-7, a
-  // model's, where float16 x multiplies in float16: HalfWindow), set per
+  // multipliers take one step). E8M0 scales are 0x78 instead (2^-7: an
+  // mxfp4 group whose largest |w| is about 0.05; inside HalfWindow), set per
   // case.
   fill_kernel<<<1024, 256>>>((uint32_t*)pool, (kPool + (64 << 20)) / 4, 1, 0xFFFFFFFFu, 0);
   constexpr int kScaleByte = 0x3C;
