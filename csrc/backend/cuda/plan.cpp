@@ -277,6 +277,15 @@ std::string grouped_reason(
 }
 
 // fp_qmm's dynamic shared memory for `p`.
+// Whether qmv multiplies a pair of p's x values in one mma step.
+bool one_x_part(const QmmProblem& p) {
+  return fc::qmv_one_x_part(
+      p.x_type == FloatType::bfloat16,
+      p.x_type == FloatType::float16,
+      format_for(p.mode).bits,
+      static_cast<int>(scale_encoding(p.mode, p.scale_type)));
+}
+
 int qmm_shared_bytes(const QmmProblem& p, const Format& format, int x_blocks) {
   return fc::qmm_shared_bytes(
       format.bits,
@@ -481,19 +490,6 @@ std::string wgmma_reason(const QmmProblem& p, const CudaDevice& device) {
       p, device, wgmma_x_tiles_bytes(p, ceil_div(p.M, fc::kWgmmaXRows)));
 }
 
-namespace {
-
-// The rows above which fp_qmm_wgmma takes `p` by default where it runs.
-int wgmma_min_rows(const QmmProblem& p, const CudaDevice& device) {
-  const int64_t blocks = ceil_div(p.N, fc::wgmma_rows_per_block(1)) *
-                         ceil_div(p.M, fc::kWgmmaXRows);
-  return format_for(p.mode).bits == 4 && half_fills(blocks, 1, device)
-             ? kWgmmaMinRowsE2M1Wide
-             : kWgmmaMinRows;
-}
-
-}  // namespace
-
 std::string_view path_name(KernelPath path) {
   constexpr std::array<std::string_view, 7> names = {
       "qmv", "qvm", "simple", "dequantize_matmul", "grouped", "tiled", "wgmma"};
@@ -657,7 +653,6 @@ KernelPlan plan(
       grouped_reason(p, format, plan.batch_count);
   const std::string why_not_tiled = tiled_reason(p);
   const std::string why_not_wgmma = wgmma_reason(p, device);
-  const int wgmma_rows = wgmma_min_rows(p, device);
   const bool grouped_requested =
       request == KernelRequest::grouped ||
       ((request == KernelRequest::tiled || request == KernelRequest::wgmma) &&
@@ -714,7 +709,7 @@ KernelPlan plan(
     case KernelRequest::dequantize:
     case KernelRequest::grouped:
       plan.path = decode_rows ? p.transpose ? KernelPath::qmv : KernelPath::qvm
-                  : why_not_wgmma.empty() && p.M > wgmma_rows
+                  : why_not_wgmma.empty() && p.M > kWgmmaMinRows
                       ? KernelPath::wgmma
                   : why_not_tiled.empty() ? KernelPath::tiled
                                           : KernelPath::simple;
@@ -722,7 +717,7 @@ KernelPlan plan(
           decode_rows ? rows + " is in the decode range (at most " +
                             std::to_string(kDecodeRows) + ")"
           : plan.path == KernelPath::wgmma
-              ? rows + " is above " + std::to_string(wgmma_rows) +
+              ? rows + " is above " + std::to_string(kWgmmaMinRows) +
                     " rows: Hopper's warpgroup MMA"
           : why_not_tiled.empty()
               ? rows + " is above the decode range: block tiles of W and x " +
@@ -793,11 +788,10 @@ KernelPlan plan(
   switch (family) {
     case KernelFamily::qmv:
     case KernelFamily::qmv_cluster: {
-      const bool bfloat16_x = p.x_type == FloatType::bfloat16;
-      column_blocks = ceil_div(p.N, fc::qmv_rows_per_block(bfloat16_x));
+      column_blocks = ceil_div(p.N, fc::qmv_rows_per_block(one_x_part(p)));
       m_blocks = ceil_div(p.M, x_blocks * fc::kXBlockRows);
       plan.main.block = {fc::kQmvWarps * fc::kWarpSize, 1, 1};
-      plan.main.shared_bytes = fc::qmv_shared_bytes(bfloat16_x, x_blocks);
+      plan.main.shared_bytes = fc::qmv_shared_bytes(one_x_part(p), x_blocks);
       break;
     }
     case KernelFamily::qmv_wide:
@@ -852,16 +846,16 @@ KernelPlan plan(
           p,
           device,
           blocks,
-          fc::qmv_split_resident(p.x_type == FloatType::bfloat16, x_blocks),
+          fc::qmv_split_resident(one_x_part(p), x_blocks),
           pass,
           fc::kQmvWarps * pass,
           plan);
-      // float16 and float32 x keep a split smaller than the cluster's in
-      // partial sums: measured faster on the H200 (README), where the
-      // cluster's more splits cost more than the partials' kernel (float16
-      // x multiplying in float16 too: its warps hold two tiles).
+      // x split into two parts (two tiles a warp) keeps a split smaller
+      // than the cluster's in partial sums: measured faster on the H200
+      // (README), where the cluster's more splits cost more than the
+      // partials' kernel.
       const bool cluster_pays =
-          p.x_type == FloatType::bfloat16 || plan.split_k >= fc::kClusterSplits;
+          one_x_part(p) || plan.split_k >= fc::kClusterSplits;
       if (device.major >= 9 && plan.split_k > 1 &&
           plan.split_k <= kMaxClusterSplit) {
         if (cluster_pays) {

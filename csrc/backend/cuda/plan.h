@@ -92,15 +92,10 @@ std::string tiled_reason(const QmmProblem& problem);
 
 // The rows of x per W matrix from which (above kWgmmaMinRows) and up to
 // which fp_qmm_wgmma takes a product where it runs (more rows: dequantize
-// + matmul); with E2M1 codes above kWgmmaMinRowsE2M1Wide where its blocks
-// of 128 W rows alone half fill the GPU (N above 8,320 on the H200).
-// Measured on the H200 (README, seventh session of 2026-12-03; three runs),
-// fp_qmm_wgmma / fp_qmm, 14336 x 4096, M = 32: mxfp4 37.2-38.2 / 40.0-40.7
-// us, nvfp4 37.4-38.0 / 40.1-40.7, fp4 37.8-38.8 / 43.0-43.8, mxfp8
-// 54.1-55.6 / 51.6-52.6; 4096 x 4096 (an earlier session): fp_qmm faster up
-// to about 48 rows.
+// + matmul). Measured on the H200 (README, "wgmma" and the first session of
+// 2026-12-04): at 32 rows fp_qmm_wgmma wins alone for E2M1 codes at 14336 x
+// 4096 but loses through MLX (its x-tiling kernel is a second launch).
 inline constexpr int kWgmmaMinRows = 48;
-inline constexpr int kWgmmaMinRowsE2M1Wide = 24;
 inline constexpr int kWgmmaMaxRows = 512;
 // Why fp_qmm_wgmma cannot take `problem` on `device` (sm_90, x @ W^T of one
 // matrix of W, bfloat16 x, K a multiple of the stage, N of 8, and what

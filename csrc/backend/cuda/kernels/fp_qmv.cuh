@@ -54,12 +54,16 @@ inline constexpr int kBfloat16FixupExponent =
     CodeLayout<__nv_bfloat16, bits>::fixup_exponent;
 
 // Whether float16 x multiplies in float16 codes where its scales allow
-// (E2M1 codes; E4M3 codes only with E8M0 scales, as MLX's formats have
-// them).
+// (params.h's qmv_half_codes), and whether a pair of x is one mma step.
 template <typename T, int bits, int encoding>
 inline constexpr bool kHalfCodes =
-    std::is_same_v<T, __half> &&
-    (encoding == kScaleE8M0 || (encoding == kScaleE4M3 && bits == 4));
+    qmv_half_codes(std::is_same_v<T, __half>, bits, encoding);
+template <typename T, int bits, int encoding>
+inline constexpr bool kOneXPart = qmv_one_x_part(
+    std::is_same_v<T, __nv_bfloat16>,
+    std::is_same_v<T, __half>,
+    bits,
+    encoding);
 
 // A group's scale times its bfloat16 multiplier's power of two: where that
 // product leaves bfloat16's range (a finite scale of 4 or more with E2M1
@@ -400,13 +404,38 @@ __device__ __forceinline__ void fp_qmv_impl(
   float sums[tiles][x_blocks][4];
   fill_sums(sums, op.valid ? 0.0f : quiet_nan());
 
+  // x's chunk of a pass, read by every block (from the caches): loaded with
+  // W's one pass ahead where the registers allow and it was measured faster
+  // (two tiles, one x block of 16-bit values, byte scales), else when the
+  // pass starts.
+  constexpr bool x_ahead =
+      tiles == 2 && x_blocks == 1 && sizeof(T) == 2 && sizeof(S) == 1;
+  struct XChunk {
+    uint32_t words[x_blocks][x_chunk_words];
+  };
+  struct NoXChunk {};
+  auto load_x = [&](int k, bool in, XChunk& to) {
+#pragma unroll
+    for (int b = 0; b < x_blocks; ++b) {
+      const auto* from =
+          reinterpret_cast<const uint4*>(op.x + (in ? x_offsets[b] + k : 0));
+#pragma unroll
+      for (int v = 0; v < x_chunk_words / 4; ++v) {
+        const uint4 loaded = in ? __ldg(from + v) : uint4{0, 0, 0, 0};
+        to.words[b][4 * v] = loaded.x;
+        to.words[b][4 * v + 1] = loaded.y;
+        to.words[b][4 * v + 2] = loaded.z;
+        to.words[b][4 * v + 3] = loaded.w;
+      }
+    }
+  };
   // A pass's codes and scales (as stored): loaded one pass ahead of the
   // multiplies, so that a warp's loads of W are in flight while it
-  // computes. x, read by every block, comes from the caches when the pass
-  // starts.
+  // computes.
   struct Pass {
     uint4 codes[tiles][2];
     S scales[tiles][2][groups];
+    std::conditional_t<x_ahead, XChunk, NoXChunk> x;
   };
   // Pass `pass`'s loads (none past the last pass: a prefetch never used).
   auto load = [&](int pass, Pass& to) {
@@ -428,6 +457,9 @@ __device__ __forceinline__ void fp_qmv_impl(
           }
         }
       }
+      if constexpr (x_ahead) {
+        load_x(k, in, to.x);
+      }
     };
     if (pass < full_passes) {
       load_rows(true);
@@ -442,27 +474,16 @@ __device__ __forceinline__ void fp_qmv_impl(
     const Pass current = next;
     load(pass + warps, next);
     const auto& codes = current.codes;
-    const int k = k_begin + pass * pass_codes + lane.thread * chunk_codes;
-    uint32_t x_words[x_blocks][x_chunk_words];
-    auto load_x = [&](bool in) {
-#pragma unroll
-      for (int b = 0; b < x_blocks; ++b) {
-        const auto* from =
-            reinterpret_cast<const uint4*>(op.x + (in ? x_offsets[b] + k : 0));
-#pragma unroll
-        for (int v = 0; v < x_chunk_words / 4; ++v) {
-          const uint4 loaded = in ? __ldg(from + v) : uint4{0, 0, 0, 0};
-          x_words[b][4 * v] = loaded.x;
-          x_words[b][4 * v + 1] = loaded.y;
-          x_words[b][4 * v + 2] = loaded.z;
-          x_words[b][4 * v + 3] = loaded.w;
-        }
-      }
-    };
-    if (pass < full_passes) {
-      load_x(true);
+    XChunk x_now;
+    if constexpr (x_ahead) {
+      x_now = current.x;
     } else {
-      load_x(k < k_end);
+      const int k = k_begin + pass * pass_codes + lane.thread * chunk_codes;
+      if (pass < full_passes) {
+        load_x(k, true, x_now);
+      } else {
+        load_x(k, k < k_end, x_now);
+      }
     }
     GroupScale<encoding> scales[tiles][2][groups];
     bool two_steps = false;
@@ -475,7 +496,7 @@ __device__ __forceinline__ void fp_qmv_impl(
         sums, codes, scales, two_steps, [&](int word, auto& x_word) {
 #pragma unroll
           for (int b = 0; b < x_blocks; ++b) {
-            x_word[b] = x_words[b] + word * x_word_words;
+            x_word[b] = x_now.words[b] + word * x_word_words;
           }
         });
   }
@@ -503,7 +524,7 @@ template <
     int x_blocks,
     bool splits_in_cluster,
     int warps = kQmvWarps,
-    int tiles = qmv_tiles(std::is_same_v<T, __nv_bfloat16>)>
+    int tiles = qmv_tiles(kOneXPart<T, bits, encoding>)>
 __device__ __forceinline__ void fp_qmv_grid(const QmmArgs& args) {
   extern __shared__ float4 shared_floats[];
   auto* reduction = reinterpret_cast<float*>(shared_floats);
@@ -532,7 +553,7 @@ __device__ __forceinline__ void fp_qmv_grid(const QmmArgs& args) {
 template <typename T, int bits, int encoding, int x_blocks>
 __global__ void __launch_bounds__(
     kQmvWarps* kWarpSize,
-    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, x_blocks, bits))
+    qmv_min_blocks(kOneXPart<T, bits, encoding>, x_blocks, bits))
     fp_qmv(const QmmArgs args) {
   fp_qmv_grid<T, bits, encoding, x_blocks, false>(args);
 }
@@ -556,7 +577,7 @@ __global__ void __launch_bounds__(kQmvWideWarps* kWarpSize, kQmvWideMinBlocks)
 template <typename T, int bits, int encoding, int x_blocks>
 __global__ void __launch_bounds__(
     kQmvWarps* kWarpSize,
-    qmv_min_blocks(std::is_same_v<T, __nv_bfloat16>, x_blocks, bits))
+    qmv_min_blocks(kOneXPart<T, bits, encoding>, x_blocks, bits))
     FPQMM_SPLITS_CLUSTER fp_qmv_cluster(const QmmArgs args) {
   fp_qmv_grid<T, bits, encoding, x_blocks, true>(args);
 }

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "common/scale_encoding.h"
+
 namespace fpqmm::cuda {
 
 inline constexpr int kWarpSize = 32;
@@ -22,28 +24,41 @@ inline constexpr int kMaxXBlocks = 2;  // rows of x per pass: 16
 // qmv (x @ W^T, W (N, K) grouped along K), fed from device memory straight
 // into registers: each lane loads 16 bytes of each of its two rows of a
 // tile, a pass of the lanes over K, one pass ahead; a warp owns qmv_tiles
-// tiles (two where x's float16 or float32 values, converted to bfloat16
-// parts, serve two tiles), and the kQmvWarps warps of a block take turns
+// tiles (two where x's values, converted to bfloat16 high and low parts,
+// serve two tiles: !one_x_part), and the kQmvWarps warps of a block take turns
 // over the passes and add up in shared memory. qmv_min_blocks blocks per
 // SM (the registers of a thread follow: 64 for E2M1 codes with bfloat16
 // x). Rows of W must be whole 16-byte vectors (K * bits a multiple of 128).
 inline constexpr int kQmvWarps = 8;
-constexpr int qmv_tiles(bool bfloat16_x) {
-  return bfloat16_x ? 1 : 2;
+// float16 x with E8M0 scales, or E4M3 scales of E2M1 codes (the MLX
+// formats), multiplies in float16 codes (fp_decode.cuh's HalfWindow), x as
+// it is.
+constexpr bool qmv_half_codes(bool float16_x, int bits, int encoding) {
+  return float16_x &&
+         (encoding == kScaleE8M0 || (encoding == kScaleE4M3 && bits == 4));
 }
-constexpr int qmv_rows_per_block(bool bfloat16_x) {
-  return kTileRows * qmv_tiles(bfloat16_x);
+// Whether a pair of x values is one mma step: bfloat16 x and float16 x in
+// float16 codes; other x is split into two parts.
+constexpr bool qmv_one_x_part(
+    bool bfloat16_x, bool float16_x, int bits, int encoding) {
+  return bfloat16_x || qmv_half_codes(float16_x, bits, encoding);
+}
+constexpr int qmv_tiles(bool one_x_part) {
+  return one_x_part ? 1 : 2;
+}
+constexpr int qmv_rows_per_block(bool one_x_part) {
+  return kTileRows * qmv_tiles(one_x_part);
 }
 // The blocks an SM that the split of K counts as running at once: the
 // kernel's own but for E2M1, whose threshold was measured at 3 (4096 x 4096,
 // 256 blocks, is faster unsplit).
-constexpr int qmv_split_resident(bool bfloat16_x, int x_blocks) {
-  return bfloat16_x && x_blocks == 1 ? 3 : 2;
+constexpr int qmv_split_resident(bool one_x_part, int x_blocks) {
+  return one_x_part && x_blocks == 1 ? 3 : 2;
 }
-constexpr int qmv_min_blocks(bool bfloat16_x, int x_blocks, int bits) {
-  return bits == 4 && bfloat16_x && x_blocks == 1
+constexpr int qmv_min_blocks(bool one_x_part, int x_blocks, int bits) {
+  return bits == 4 && one_x_part && x_blocks == 1
              ? 4
-             : qmv_split_resident(bfloat16_x, x_blocks);
+             : qmv_split_resident(one_x_part, x_blocks);
 }
 constexpr int qmv_pass_codes(int bits) {
   return 4 * 128 / bits;  // a quad of lanes, 16 bytes each
@@ -52,8 +67,8 @@ constexpr int qmv_pass_codes(int bits) {
 constexpr int qmv_shared_bytes(int warps, int tiles, int x_blocks) {
   return warps * tiles * x_blocks * 4 * kWarpSize * 4;
 }
-constexpr int qmv_shared_bytes(bool bfloat16_x, int x_blocks) {
-  return qmv_shared_bytes(kQmvWarps, qmv_tiles(bfloat16_x), x_blocks);
+constexpr int qmv_shared_bytes(bool one_x_part, int x_blocks) {
+  return qmv_shared_bytes(kQmvWarps, qmv_tiles(one_x_part), x_blocks);
 }
 // fp_qmv_wide: qmv in wide blocks, kQmvWideWarps warps of kQmvWideTiles
 // tiles for every x type (one x block), kQmvWideMinBlocks an SM. Fewer,

@@ -164,29 +164,39 @@ int main() {
       small8.splits_in_cluster && small8.split_k == 4 &&
           small8.split_k_step == 1024,
       "mxfp8 1024 x 4096 in a cluster");
-  // float16 x: 3 splits of 4096 x 4096 stay in partial sums, 4 of 1024 x
-  // 4096 go to a cluster.
-  auto square16 = problem(Mode::mxfp4, true, 1, 4096, 4096);
-  square16.x_type = FloatType::float16;
-  const auto square16_plan = auto_plan(square16, h200);
-  check(
-      square16_plan.split_k == 3 && !square16_plan.splits_in_cluster &&
-          square16_plan.reduction &&
-          square16_plan.key.family == cu::KernelFamily::qmv,
-      "float16 4096 x 4096: partials, split " +
-          std::to_string(square16_plan.split_k));
-  auto square32 = square16;
+  // x in two parts (float32, float16 with float scales): 3 splits of 4096
+  // x 4096 stay in partial sums, 4 of 1024 x 4096 go to a cluster; float16
+  // x in float16 codes is blocked as bfloat16 x (256 blocks: unsplit).
+  auto square32 = problem(Mode::mxfp4, true, 1, 4096, 4096);
   square32.x_type = FloatType::float32;
   const auto square32_plan = auto_plan(square32, h200);
   check(
-      square32_plan.split_k == 3 && !square32_plan.splits_in_cluster,
+      square32_plan.split_k == 3 && !square32_plan.splits_in_cluster &&
+          square32_plan.reduction &&
+          square32_plan.key.family == cu::KernelFamily::qmv,
       "float32 4096 x 4096: partials, split " +
           std::to_string(square32_plan.split_k));
-  auto small16 = problem(Mode::mxfp4, true, 1, 1024, 4096);
-  small16.x_type = FloatType::float16;
+  auto square_fp4 = problem(Mode::fp4, true, 1, 4096, 4096);
+  square_fp4.x_type = FloatType::float16;
+  square_fp4.scale_type = FloatType::float16;
+  const auto square_fp4_plan = auto_plan(square_fp4, h200);
   check(
-      auto_plan(small16, h200).splits_in_cluster,
-      "float16 1024 x 4096 in a cluster");
+      square_fp4_plan.split_k == 3 && !square_fp4_plan.splits_in_cluster,
+      "float16 fp4 4096 x 4096: partials, split " +
+          std::to_string(square_fp4_plan.split_k));
+  auto square16 = square32;
+  square16.x_type = FloatType::float16;
+  const auto square16_plan = auto_plan(square16, h200);
+  check(
+      square16_plan.split_k == 1 && square16_plan.main.grid[0] == 256,
+      "float16 mxfp4 4096 x 4096: split " +
+          std::to_string(square16_plan.split_k) + ", " +
+          std::to_string(square16_plan.main.grid[0]) + " blocks");
+  auto small32 = problem(Mode::mxfp4, true, 1, 1024, 4096);
+  small32.x_type = FloatType::float32;
+  check(
+      auto_plan(small32, h200).splits_in_cluster,
+      "float32 1024 x 4096 in a cluster");
   // Few rows and a long K: more splits than a cluster's, with partials.
   auto narrow = auto_plan(problem(Mode::mxfp4, true, 1, 64, 14336), h200);
   check(
@@ -447,21 +457,18 @@ int main() {
           wide.main.shared_bytes == fpqmm::cuda::wgmma_shared_bytes(4, 2) &&
           wide.main.shared_bytes <= 227 * 1024,
       "wgmma 256 rows: " + wide.main.kernel);
-  // Above 24 rows with E2M1 codes where the 128-row blocks half fill the
-  // GPU; above 48 otherwise.
+  // Above 48 rows, whatever the codes and N.
   auto path_at = [&](Mode mode, int M, int N) {
     return auto_plan(problem(mode, true, M, N, 4096), h200).path;
   };
   check(
-      path_at(Mode::mxfp4, 25, 14336) == cu::KernelPath::wgmma &&
-          path_at(Mode::nvfp4, 32, 14336) == cu::KernelPath::wgmma &&
-          path_at(Mode::fp4, 32, 14336) == cu::KernelPath::wgmma &&
-          path_at(Mode::mxfp4, 24, 14336) == cu::KernelPath::tiled &&
+      path_at(Mode::mxfp4, 48, 14336) == cu::KernelPath::tiled &&
+          path_at(Mode::mxfp4, 49, 14336) == cu::KernelPath::wgmma &&
           path_at(Mode::mxfp8, 48, 14336) == cu::KernelPath::tiled &&
           path_at(Mode::mxfp8, 49, 14336) == cu::KernelPath::wgmma &&
           path_at(Mode::mxfp4, 48, 4096) == cu::KernelPath::tiled &&
           path_at(Mode::mxfp4, 49, 4096) == cu::KernelPath::wgmma,
-      "wgmma's first rows by codes and N");
+      "wgmma's first rows");
   auto small_grid =
       auto_plan(problem(Mode::mxfp8, true, 128, 4096, 14336), h200);
   check(
