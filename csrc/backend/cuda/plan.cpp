@@ -276,7 +276,6 @@ std::string grouped_reason(
   return staged_reason(p, format);
 }
 
-// fp_qmm's dynamic shared memory for `p`.
 // Whether qmv multiplies a pair of p's x values in one mma step.
 bool one_x_part(const QmmProblem& p) {
   return fc::qmv_one_x_part(
@@ -286,6 +285,7 @@ bool one_x_part(const QmmProblem& p) {
       static_cast<int>(scale_encoding(p.mode, p.scale_type)));
 }
 
+// fp_qmm's dynamic shared memory for `p`.
 int qmm_shared_bytes(const QmmProblem& p, const Format& format, int x_blocks) {
   return fc::qmm_shared_bytes(
       format.bits,
