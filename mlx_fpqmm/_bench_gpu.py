@@ -6,11 +6,11 @@ the GPU (MLX's modes) and the dense product ``x @ w.T`` in bfloat16, beside the
 GPU's read bandwidth measured in the same run (``mx.sum`` over 4 GiB).
 
 Launch overhead is amortised as a model amortises it: each measurement
-evaluates one graph of R products over R distinct copies of the weights,
-together larger than the GPU's cache (``--graph-bytes``, 1 GB by default, far
-beyond an H200's 60 MB L2), so every product reads its weights from memory;
-the time per product is the graph's time over R, the median of ``--reps``
-graphs.
+evaluates one graph of R products (at least ``--graph-products``, 64 by
+default) that cycle through copies of the weights together larger than the
+GPU's cache (``--graph-bytes``, 1 GB by default, far beyond an H200's 60 MB
+L2), so every product reads its weights from memory; the time per product is
+the graph's time over R, the median of ``--reps`` graphs.
 
 ``--moe`` times ``gather_qmm`` (32 experts of 2880 x 2880, top 4 by default)
 against ``mx.gather_qmm``, fresh routing for every product, in both of
@@ -53,8 +53,11 @@ class Timing:
 
 def time_graph(products: Sequence[Callable[[], mx.array]], reps: int) -> Timing:
     """The time per product of evaluating all of ``products`` as one graph."""
-    mx.eval([p() for p in products])  # warm-up: compiles, fills the allocator's cache
-    mx.synchronize()
+    # Warm-up, twice: the first graph of a layout measured slower in the bench
+    # than in tools/gpu/gather_overhead.py, which alternates the layouts.
+    for _ in range(2):
+        mx.eval([p() for p in products])
+        mx.synchronize()
     times = []
     for _ in range(reps):
         outputs = [p() for p in products]
@@ -92,6 +95,11 @@ def count_for(bytes_each: int, graph_bytes: int) -> int:
     return max(2, -(-int(graph_bytes) // bytes_each))
 
 
+def cycled(items: list, products: int) -> list:
+    """``items`` repeated in order to at least ``products`` entries."""
+    return [items[i % len(items)] for i in range(max(products, len(items)))]
+
+
 @dataclass
 class Row:
     M: int
@@ -119,7 +127,9 @@ def bench_row(M: int, N: int, K: int, mode: str, dtype_name: str, args: argparse
     w_q, scales = quantized_weights(N, K, mode)
     weight_bytes = w_q.nbytes + scales.nbytes
     count = count_for(weight_bytes, args.graph_bytes)
-    pairs = list(zip(copies(w_q, count), copies(scales, count), strict=True))
+    pairs = cycled(
+        list(zip(copies(w_q, count), copies(scales, count), strict=True)), args.graph_products
+    )
     op = qmm_for_mode(mode)
     ours = time_graph([lambda w=w, s=s: op(x, w, s, mode=mode) for w, s in pairs], args.reps)
     mlx = None
@@ -132,7 +142,7 @@ def bench_row(M: int, N: int, K: int, mode: str, dtype_name: str, args: argparse
     dense = None
     if args.vs_dense and dtype_name == "bfloat16":
         w = mx.random.normal((N, K), dtype=mx.bfloat16)
-        dense_copies = copies(w, count_for(w.nbytes, args.graph_bytes))
+        dense_copies = cycled(copies(w, count_for(w.nbytes, args.graph_bytes)), args.graph_products)
         dense = time_graph([lambda w=w: x @ w.T for w in dense_copies], args.reps)
         del dense_copies
     return Row(M, N, K, mode, dtype_name, weight_bytes, ours, mlx, dense)
@@ -200,9 +210,11 @@ def bench_moe(tokens: int, mode: str, dtype_name: str, args: argparse.Namespace)
     del w
     expert_bytes = (w_q.nbytes + scales.nbytes) / experts
     count = count_for(w_q.nbytes + scales.nbytes, args.graph_bytes)
-    weights = list(zip(copies(w_q, count), copies(scales, count), strict=True))
+    weights = cycled(
+        list(zip(copies(w_q, count), copies(scales, count), strict=True)), args.graph_products
+    )
     dtype = getattr(mx, dtype_name)
-    chosen = routes(tokens, experts, top_k, count, seed=tokens)
+    chosen = routes(tokens, experts, top_k, len(weights), seed=tokens)
     routed = statistics.mean(len(np.unique(r)) for r in chosen) * expert_bytes
     rows = []
     # mlx-lm's layouts: x (T, 1, 1, K) and indices (T, top_k); sorted, x (pairs, 1, K)
@@ -281,8 +293,8 @@ def main(args: argparse.Namespace, out) -> dict:
     print(
         f"{time.strftime('%Y-%m-%d')}  {info.get('device_name', 'GPU')}, mlx {mx.__version__}; "
         f"read bandwidth {bandwidth / 1e12:.2f} TB/s (mx.sum over 4 GiB, best of {args.reps}); "
-        f"per product: median of {args.reps} graphs over >= {args.graph_bytes / 1e9:.1f} GB "
-        "of weight copies",
+        f"per product: median of {args.reps} graphs of >= {args.graph_products} products over "
+        f">= {args.graph_bytes / 1e9:.1f} GB of weight copies",
         file=out,
     )
     document = {
@@ -326,6 +338,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=1e9,
         help="--device gpu: weight bytes each timed graph cycles through",
+    )
+    parser.add_argument(
+        "--graph-products",
+        type=int,
+        default=64,
+        help="--device gpu: the fewest products in each timed graph",
     )
     parser.add_argument(
         "--tokens",
