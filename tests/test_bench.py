@@ -1,9 +1,11 @@
-"""The CPU benchmark's options, rows, tables and targets, on tiny shapes (fast)."""
+"""The benchmark's options, rows, tables and targets (the GPU benchmark's graphs too), on
+tiny shapes (fast)."""
 
 import json
 import sys
 from dataclasses import asdict
 
+import mlx.core as mx
 import numpy as np
 import pytest
 from fpqmm_dev import ggml_glue
@@ -145,3 +147,31 @@ def test_ggml_columns_when_installed():
     assert times.plain is not None and times.repacked is None
     assert "repacked" in times.notes[0]
     assert np.isfinite(times.plain.best)
+
+
+def test_gpu_bench_times_every_column_over_graphs_of_the_same_size(monkeypatch):
+    """Ours, MLX's and the dense product (or ``mx.gather_qmm``) are each timed over a graph
+    of at least ``--graph-products`` products: dense bfloat16 timed over fewer (as many as
+    1 GB of its larger copies held) once made our speed-ups over it look larger."""
+    from mlx_fpqmm import _bench_gpu
+
+    sizes = []
+
+    def record(products, reps):
+        sizes.append(len(products))
+        mx.eval(products[-1]())  # the last one cycles back through the copies
+        return _bench_gpu.Timing(1e-6, 1e-6)
+
+    monkeypatch.setattr(_bench_gpu, "time_graph", record)
+    args = bench.parse_args(["--graph-bytes", "20000", "--graph-products", "7"])
+    row = _bench_gpu.bench_row(1, 64, 128, "mxfp4", "bfloat16", args)
+    assert row.mlx is not None and row.dense is not None
+    # Copies: 64 x 128 mxfp4 is 4,352 bytes (5 copies), bfloat16 16,384 (2).
+    assert sizes == [7, 7, 7]
+    sizes.clear()
+    moe = ["--moe-shape", "64x64", "--experts", "4", "--top-k", "2"]
+    args = bench.parse_args(["--graph-bytes", "1", "--graph-products", "5", *moe])
+    rows = _bench_gpu.bench_moe(3, "mxfp4", "bfloat16", args)
+    assert [r.layout for r in rows] == ["unsorted", "sorted"] and sizes == [5, 5, 5, 5]
+    assert _bench_gpu.cycled([1, 2, 3], 2) == [1, 2, 3]
+    assert _bench_gpu.cycled([1, 2], 5) == [1, 2, 1, 2, 1]
