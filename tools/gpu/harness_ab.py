@@ -2,7 +2,7 @@
 (csrc/backend/cuda/testing) of several git revisions in one device call.
 
 Here:    python3 tools/gpu/harness_ab.py prepare main xahead=main+PATCH ...
-         exports each revision's csrc/ to .gpu/ab/<name>/ (a revision's name
+         exports each revision's tree to .gpu/ab/<name>/ (a revision's name
          with "/" as "-", or name=REV), with the patches after "+" applied
          (tools/gpu/experiments), and MLX's CUDA headers (those that
          tests/test_cuda_build.py caches) to .gpu/ab/include.
@@ -55,7 +55,7 @@ def prepare(revisions: list[str]) -> None:
         tree = AB / (name or rev.replace("/", "-"))
         tree.mkdir()
         subprocess.run(
-            f"git archive {rev} csrc | tar -x -C {tree}", shell=True, cwd=ROOT, check=True
+            f"git archive {rev} | tar -x -C {tree}", shell=True, cwd=ROOT, check=True
         )
         for patch in patches:
             with open(ROOT / patch) as diff:
@@ -140,7 +140,7 @@ def run(filters: list[str], rounds: int, until: float, test: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    prep = commands.add_parser("prepare", help="export revisions' csrc/ and MLX's headers")
+    prep = commands.add_parser("prepare", help="export revisions' trees and MLX's headers")
     prep.add_argument("revisions", nargs="+", help="git revisions: [name=]revision[+patch...]")
     bench = commands.add_parser("run", help="on the GPU machine: build, test, bench")
     bench.add_argument("--only", action="append", required=True, help="a bench filter")
