@@ -189,6 +189,29 @@ def routes(tokens: int, experts: int, top_k: int, count: int, seed: int) -> list
     return [np.argsort(rng.random((tokens, experts)), axis=1)[:, :top_k] for _ in range(count)]
 
 
+# A layout's x, its indices per product, and whether they are sorted.
+Layout = tuple[mx.array, list[mx.array], bool]
+
+
+def moe_layouts(chosen: list[np.ndarray], K: int, dtype: mx.Dtype) -> dict[str, Layout]:
+    """mlx-lm's layouts of the routes ``chosen`` (each (T, top_k)): x (T, 1, 1, K)
+    with the indices as they are; sorted, x (pairs, 1, K) with the sorted indices
+    (pairs,)."""
+    tokens, top_k = chosen[0].shape
+    return {
+        "unsorted": (
+            (mx.random.normal((tokens, 1, 1, K)) * 0.5).astype(dtype),
+            [mx.array(r.astype(np.uint32)) for r in chosen],
+            False,
+        ),
+        "sorted": (
+            (mx.random.normal((tokens * top_k, 1, K)) * 0.5).astype(dtype),
+            [mx.array(np.sort(r.ravel()).astype(np.uint32)) for r in chosen],
+            True,
+        ),
+    }
+
+
 def gather_products(
     qmm: Callable[..., mx.array],
     x: mx.array,
@@ -217,19 +240,7 @@ def bench_moe(tokens: int, mode: str, dtype_name: str, args: argparse.Namespace)
     chosen = routes(tokens, experts, top_k, len(weights), seed=tokens)
     routed = statistics.mean(len(np.unique(r)) for r in chosen) * expert_bytes
     rows = []
-    # mlx-lm's layouts: x (T, 1, 1, K) and indices (T, top_k); sorted, x (pairs, 1, K)
-    # and the sorted indices (pairs,).
-    x = (mx.random.normal((tokens, 1, 1, K)) * 0.5).astype(dtype)
-    flat = [np.sort(r.ravel()) for r in chosen]
-    layouts = {
-        "unsorted": (x, [mx.array(r.astype(np.uint32)) for r in chosen], False),
-        "sorted": (
-            (mx.random.normal((tokens * top_k, 1, K)) * 0.5).astype(dtype),
-            [mx.array(r.astype(np.uint32)) for r in flat],
-            True,
-        ),
-    }
-    for layout, (xs, indices, is_sorted) in layouts.items():
+    for layout, (xs, indices, is_sorted) in moe_layouts(chosen, K, dtype).items():
         mx.eval(xs, indices)
         cases = list(zip(weights, indices, strict=True))
 

@@ -2,7 +2,7 @@
 
 On a CUDA machine with mlx_fpqmm installed (tools/gpu/check build): per product
 of a graph of 64, ``mlx_fpqmm.gather_qmm`` against ``mx.gather_qmm`` for
-TOKENS tokens (1 and 8) routed to 4 of 32 experts of 2880 x 2880 (mxfp4,
+1 and 8 tokens routed to 4 of 32 experts of 2880 x 2880 (mxfp4,
 bfloat16 x, 4 copies of the experts: 532 MB), in mlx-lm's unsorted layout
 (x (T, 1, 1, K), indices (T, 4)) and sorted layout (x (pairs, 1, K), sorted
 indices (pairs,)), each timed twice in alternating order (so that an order
@@ -14,56 +14,31 @@ MLX_USE_CUDA_GRAPHS=0 python3 tools/gpu/gather_overhead.py``.
 import os
 
 import mlx.core as mx
-import numpy as np
 
 import mlx_fpqmm
-from mlx_fpqmm._bench_gpu import time_graph
+from mlx_fpqmm._bench_gpu import copies, gather_products, moe_layouts, routes, time_graph
 
 EXPERTS, N, K, TOP_K, PRODUCTS, COPIES = 32, 2880, 2880, 4, 64, 4
 
 
 def main() -> None:
     print(f"MLX_USE_CUDA_GRAPHS={os.environ.get('MLX_USE_CUDA_GRAPHS')}")
-    w = mx.random.normal((EXPERTS, N, K)).astype(mx.bfloat16)
-    w_q, scales = mx.quantize(w, mode="mxfp4")[:2]
-    weights = [(w_q, scales)] + [(w_q + 0, scales + 0) for _ in range(COPIES - 1)]
-    rng = np.random.default_rng(0)
+    w_q, scales = mx.quantize(mx.random.normal((EXPERTS, N, K)).astype(mx.bfloat16), mode="mxfp4")[
+        :2
+    ]
+    weights = list(zip(copies(w_q, COPIES), copies(scales, COPIES), strict=True))
     for tokens in (1, 8):
-        routes = [
-            np.stack([rng.choice(EXPERTS, TOP_K, replace=False) for _ in range(tokens)])
-            for _ in range(PRODUCTS)
-        ]
-        layouts = {
-            "unsorted": (
-                mx.random.normal((tokens, 1, 1, K)).astype(mx.bfloat16),
-                [mx.array(r.astype(np.uint32)) for r in routes],
-                False,
-            ),
-            "sorted": (
-                mx.random.normal((tokens * TOP_K, 1, K)).astype(mx.bfloat16),
-                [mx.array(np.sort(r.reshape(-1)).astype(np.uint32)) for r in routes],
-                True,
-            ),
-        }
-        mx.eval(weights, layouts)
-
+        chosen = routes(tokens, EXPERTS, TOP_K, PRODUCTS, seed=tokens)
+        layouts = moe_layouts(chosen, K, mx.bfloat16)
+        mx.eval(layouts)
         for round_ in range(2):
             for layout, (xs, indices, is_sorted) in layouts.items():
+                cases = [(weights[i % COPIES], indices[i]) for i in range(PRODUCTS)]
                 for name, op in (
                     ("mlx_fpqmm.gather_qmm", mlx_fpqmm.gather_qmm),
                     ("mx.gather_qmm", mx.gather_qmm),
                 ):
-                    products = [
-                        lambda op=op, xs=xs, i=i, is_sorted=is_sorted, indices=indices: op(
-                            xs,
-                            *weights[i % COPIES],
-                            rhs_indices=indices[i],
-                            mode="mxfp4",
-                            sorted_indices=is_sorted,
-                        )
-                        for i in range(PRODUCTS)
-                    ]
-                    timing = time_graph(products, 5)
+                    timing = time_graph(gather_products(op, xs, cases, "mxfp4", is_sorted), 5)
                     label = f"{tokens} tokens, {layout}, {name} (round {round_ + 1})"
                     print(f"{label:58s} {timing.median * 1e6:8.1f} us")
         for layout, (xs, indices, is_sorted) in layouts.items():
