@@ -314,3 +314,36 @@ def test_gather_without_the_grouped_path_dequantizes_from_12_rows_an_expert(pair
         assert plan["path"] == expected, plan["note"]
     if expected == "dequantize_matmul":
         assert "at least 12 an expert" in plan["note"]
+
+
+def test_decode_splits_float32_x_in_two_parts_once():
+    """float32 x of up to 4 rows times 8 MiB of W or more: split once into
+    bfloat16 high and low parts (fp_split_x), which bfloat16's kernel
+    multiplies as twice the rows into partials that the reduction adds in
+    pairs; more rows, less W, or float16 x with float scales: each pass splits
+    its chunk of x."""
+    w = mx.zeros((N, K // 8), mx.uint32)
+    scales = mx.zeros((N, K // 32), mx.uint8)
+    for M in (1, 4):
+        plan = mlx_fpqmm.kernel_path(mx.zeros((M, K)), w, scales, mode="mxfp4", device="sm_90")
+        assert plan["path"] == "qmv", plan["note"]
+        assert plan["kernel"].endswith("_bfloat16_x8")
+        assert plan["x_split"]["kernel"] == "fpqmm_split_x_float32"
+        assert plan["x_split_bytes"] == 2 * M * K * 2
+        assert plan["reduction"]["kernel"] == "fpqmm_split_k_sum_float32"
+        assert plan["partials_bytes"] == plan["split_k"] * 2 * M * N * 4
+        assert "split once into bfloat16 high and low parts" in plan["note"]
+    plan = mlx_fpqmm.kernel_path(mx.zeros((5, K)), w, scales, mode="mxfp4", device="sm_90")
+    assert plan["x_split"] is None and plan["kernel"].endswith("_float32_x8")
+    small = mlx_fpqmm.kernel_path(
+        mx.zeros((1, K)), w[:1024], scales[:1024], mode="mxfp4", device="sm_90"
+    )
+    assert small["x_split"] is None and small["kernel"].endswith("_float32_x8")
+    half = mlx_fpqmm.kernel_path(
+        mx.zeros((1, K), mx.float16),
+        w,
+        mx.zeros((N, K // 32), mx.float16),
+        mode="fp4",
+        device="sm_90",
+    )
+    assert half["x_split"] is None and half["kernel"].endswith("_float16_x8")

@@ -167,6 +167,21 @@ def test_model_shapes(mode, shape, M):
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("M", [1, 4, 5])
+def test_float32_decode_of_large_weights(mode, M):
+    """float32 x of up to 4 rows times 8 MiB of W or more: the MLX formats split x
+    once into bfloat16 high and low parts (the plan's x_split) for bfloat16's
+    kernel; 5 rows, and the float-scale formats, multiply x as it is."""
+    N, K = 4096, 4096
+    w_q, scales = quantized(mode, N, K)
+    x = mx.random.normal((M, K))
+    plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")
+    split = M <= 4 and mode in ("mxfp4", "nvfp4", "mxfp8")
+    assert (plan["x_split"] is not None) == split, plan["note"]
+    check(mode, x, w_q, scales)
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("kernel", ["simple", "tiled", "wgmma", "dequantize", "auto"])
 def test_many_rows_each_path(mode, kernel, monkeypatch):
     """Past the decode rows: the simple kernels, fp_qmm's block tiles, Hopper's

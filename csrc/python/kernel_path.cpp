@@ -359,6 +359,9 @@ nb::dict cuda_plan_dict(
   result["x_tiles"] =
       plan.x_tiles ? nb::object(launch_dict(*plan.x_tiles)) : nb::none();
   result["x_tiles_bytes"] = plan.x_tiles_bytes;
+  result["x_split"] =
+      plan.x_split ? nb::object(launch_dict(*plan.x_split)) : nb::none();
+  result["x_split_bytes"] = plan.x_split_bytes;
   result["batch_count"] = plan.batch_count;
   return result;
 }
@@ -600,7 +603,11 @@ void register_metal_bindings(nb::module_& m) {
             before the main kernel, and its scratch; else ``None`` and 0),
             ``x_tiles`` and ``x_tiles_bytes`` (path ``"wgmma"``: the launch
             that lays x out in the kernel's tiles first, and their bytes;
-            else ``None`` and 0) and ``batch_count``; for path ``"dequantize_matmul"``
+            else ``None`` and 0), ``x_split`` and ``x_split_bytes`` (float32
+            x, or float16 x with float scales, in the decode range: the
+            launch that splits x into bfloat16 high and low parts for a
+            bfloat16 kernel, and their bytes; else ``None`` and 0) and
+            ``batch_count``; for path ``"dequantize_matmul"``
             (many rows of x: W dequantized in x's type by ``kernel``, then
             MLX's matmul) ``path``, ``requested``, ``note``, ``kernel``,
             ``output_shape``, and of the CUDA keys only ``device``,

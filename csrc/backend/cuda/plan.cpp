@@ -453,6 +453,56 @@ void plan_grouped(
   plan.split_k_step = p.K;
 }
 
+// float32 x of up to kXPartsMaxRows rows times a W of one matrix of at
+// least kXPartsMinWeightBytes (x @ W^T): split once by fp_split_x into
+// bfloat16 high and low parts, which the bfloat16 plan of twice the rows
+// multiplies into partials (not a cluster's sums) that the reduction adds in
+// pairs, rather than every block splitting its chunks of x again. Empty for
+// an empty x, where that plan is not fp_qmv's, where x as it is would be
+// staged (float32 x with float scales keeps code times scale in float32), or
+// on another request. (float16 x with float scales gained little for E2M1
+// codes and lost for E4M3: it keeps its own kernel.)
+std::optional<KernelPlan> plan_x_parts(
+    const QmmProblem& p, const CudaDevice& device, KernelRequest request) {
+  const int64_t w_bytes = int64_t(p.N) * p.K * format_for(p.mode).bits / 8;
+  if (!p.transpose || p.gather || p.batch_count() != 1 || p.M == 0 ||
+      p.K == 0 || p.M > kXPartsMaxRows || w_bytes < kXPartsMinWeightBytes ||
+      p.x_type != FloatType::float32 || one_x_part(p) ||
+      !staged_reason(p, format_for(p.mode)).empty() ||
+      (request != KernelRequest::automatic &&
+       request != KernelRequest::decode)) {
+    return std::nullopt;
+  }
+  QmmProblem parts = p;
+  parts.x_type = FloatType::bfloat16;
+  parts.M = 2 * p.M;
+  KernelPlan plan = cuda::plan(parts, device, request);
+  const auto family = plan.key.family;
+  if (family != KernelFamily::qmv && family != KernelFamily::qmv_wide &&
+      family != KernelFamily::qmv_cluster) {
+    return std::nullopt;
+  }
+  if (plan.splits_in_cluster) {
+    plan.splits_in_cluster = false;
+    plan.key.family = KernelFamily::qmv;
+    plan.main.kernel = kernel_name(plan.key);
+  }
+  plan.x_parts = 2;
+  set_split_k(p, plan.split_k, plan.split_k_step, plan);
+  plan.partials_bytes *= plan.x_parts;  // the main kernel's rows: the parts'
+  plan.x_split = grid_stride_launch(
+      "fpqmm_split_x_" + std::string(type_name(p.x_type)),
+      int64_t(p.M) * p.K / 2,
+      fc::kSplitXThreads,
+      fc::kSplitXBlocksPerSm,
+      device);
+  plan.x_split_bytes = int64_t(parts.M) * p.K * 2;
+  plan.note = std::string(type_name(p.x_type)) +
+              " x split once into bfloat16 high and low parts, multiplied as " +
+              std::to_string(parts.M) + " rows of bfloat16 x: " + plan.note;
+  return plan;
+}
+
 // The automatic choice of the grouped path, given why it cannot run.
 bool grouped_by_default(int64_t pairs, const std::string& why_not) {
   return pairs >= kGroupedMinPairs && why_not.empty();
@@ -639,6 +689,9 @@ KernelPlan plan(
         "(mma.sync on bfloat16, cp.async); this GPU is " +
         std::to_string(device.major) + "." + std::to_string(device.minor) +
         ".");
+  }
+  if (auto split = plan_x_parts(problem, device, request)) {
+    return *split;
   }
   const auto& p = problem;
   const Format& format = format_for(p.mode);
@@ -957,7 +1010,8 @@ Launch plan_strided_copy(int64_t elements, const CudaDevice& device) {
 fpqmm::cuda::QmmArgs kernel_args(
     const QmmProblem& problem, const KernelPlan& plan) {
   fc::QmmArgs args{};
-  args.M = problem.M;
+  args.M = problem.M * plan.x_parts;
+  args.x_parts = plan.x_parts;
   args.N = problem.N;
   args.K = problem.K;
   args.group_size = problem.group_size;

@@ -73,6 +73,13 @@ inline constexpr int kDecodeRows =
 // mxfp4 64.6 / 89.8 us, nvfp4 71.7 / 93.4, mxfp8 91.2 / 130.5; M = 48 98.7 /
 // 88.9, 99.5 / 100.4, 131.6 / 121.1.
 inline constexpr int kSimpleRows = 40;
+// float32 x split once into bfloat16 parts (plan_x_parts) up to
+// kXPartsMaxRows rows, where W has at least kXPartsMinWeightBytes: measured
+// on the H200 (README), M = 1, it takes 14336 x 4096 mxfp4 from 24.1 to 20.0
+// us and 4096 x 4096 from 15.4 to 12.8, but 1024 x 4096 (2 MiB) from 7.7 to
+// 10.7 (two more launches), and M = 8 (two x blocks) from 31.5 to 38.9.
+inline constexpr int kXPartsMaxRows = fpqmm::cuda::kXBlockRows / 2;
+inline constexpr int64_t kXPartsMinWeightBytes = int64_t(8) << 20;
 // The same for the tiled path (fp_qmm).
 inline constexpr int kTiledRows = 128;
 static_assert(kTiledRows >= kSimpleRows);
@@ -284,6 +291,14 @@ struct KernelPlan {
   // its tiles into x_tiles_bytes of scratch.
   std::optional<Launch> x_tiles;
   int64_t x_tiles_bytes = 0;
+  // x split into parts (x_parts 2: float32 x, float16 x with float scales,
+  // in the decode range): `x_split` (fp_split_x) runs first and writes x's
+  // bfloat16 high and low parts, x_split_bytes of scratch (passed as
+  // QmmArgs::x_tiles), which the main kernel, a bfloat16 one, multiplies as
+  // twice the rows into partials that `reduction` adds in pairs.
+  std::optional<Launch> x_split;
+  int64_t x_split_bytes = 0;
+  int x_parts = 1;
   // The batch axes the kernels walk: the problem's, with axes that are
   // contiguous in x, w and scales alike folded together.
   std::vector<int> batch_shape;

@@ -167,6 +167,25 @@ mx::array device_temporary(
   return a;
 }
 
+// Records `launch` of `kernel`, which fills a new scratch array of `bytes`
+// (placed in `args` by place(pointer)) that the kernels recorded after it
+// read.
+template <typename Place>
+void launch_into_scratch(
+    mx::cu::CommandEncoder& encoder,
+    int64_t bytes,
+    const cuda::Launch& launch,
+    const void* kernel,
+    fc::QmmArgs& args,
+    Place&& place) {
+  auto scratch = device_temporary(
+      {static_cast<int>(bytes / sizeof(uint32_t))}, mx::uint32, encoder);
+  place(mx::gpu_ptr<uint32_t>(scratch));
+  encoder.set_output_array(scratch);
+  add_launch(encoder, launch, kernel, args);
+  encoder.set_input_array(scratch);
+}
+
 // `x` (float32, float16 or bfloat16, of any strides) copied on the stream
 // into a new row-contiguous array, which the encoder keeps until the kernels
 // that read it are done.
@@ -241,30 +260,36 @@ void run(
     encoder.set_input_array(a);
   }
   const void* main = fc::main_kernel(plan.key);
+  auto place_x_tiles = [&](uint32_t* scratch) { args.x_tiles = scratch; };
   if (plan.grouping) {
-    auto scratch = device_temporary(
-        {static_cast<int>(plan.grouping_bytes / sizeof(uint32_t))},
-        mx::uint32,
-        encoder);
-    fc::place_grouping_scratch(
-        args, mx::gpu_ptr<uint32_t>(scratch), plan.max_runs);
-    encoder.set_output_array(scratch);
-    add_launch(encoder, *plan.grouping, fc::group_pairs_kernel(), args);
-    encoder.set_input_array(scratch);
+    launch_into_scratch(
+        encoder,
+        plan.grouping_bytes,
+        *plan.grouping,
+        fc::group_pairs_kernel(),
+        args,
+        [&](uint32_t* scratch) {
+          fc::place_grouping_scratch(args, scratch, plan.max_runs);
+        });
+  }
+  if (plan.x_split) {
+    launch_into_scratch(
+        encoder,
+        plan.x_split_bytes,
+        *plan.x_split,
+        fc::split_x_kernel(problem.x_type),
+        args,
+        place_x_tiles);
+    args.x = args.x_tiles;
   }
   if (plan.x_tiles) {
-    auto tiles = device_temporary(
-        {static_cast<int>(plan.x_tiles_bytes / sizeof(uint32_t))},
-        mx::uint32,
-        encoder);
-    args.x_tiles = mx::gpu_ptr<void>(tiles);
-    encoder.set_output_array(tiles);
-    add_launch(
+    launch_into_scratch(
         encoder,
+        plan.x_tiles_bytes,
         *plan.x_tiles,
         fc::wgmma_tile_x_kernel(plan.key.bits, plan.grouping.has_value()),
-        args);
-    encoder.set_input_array(tiles);
+        args,
+        place_x_tiles);
   }
   if (!plan.reduction) {
     encoder.set_output_array(out);

@@ -4,6 +4,7 @@
 
 #include "backend/cuda/kernels/fp_group_pairs.cuh"
 #include "backend/cuda/kernels/fp_qmm_wgmma.cuh"
+#include "backend/cuda/kernels/fp_split_x.cuh"
 #include "backend/cuda/kernels/fp_strided_copy.cuh"
 #include "backend/cuda/kernels/kernel_for.cuh"
 
@@ -57,6 +58,18 @@ const void* split_k_sum_kernel(mlx_fpqmm::FloatType type) {
     kernel = reinterpret_cast<const void*>(&fp_split_k_sum<decltype(x)>);
   });
   return kernel;
+}
+
+const void* split_x_kernel(mlx_fpqmm::FloatType type) {
+  switch (type) {
+    case mlx_fpqmm::FloatType::float32:
+      return reinterpret_cast<const void*>(&fp_split_x<float>);
+    case mlx_fpqmm::FloatType::float16:
+      return reinterpret_cast<const void*>(&fp_split_x<__half>);
+    case mlx_fpqmm::FloatType::bfloat16:
+      break;
+  }
+  throw std::invalid_argument("[cuda] bfloat16 x is not split into parts.");
 }
 
 const void* strided_copy_kernel(int itemsize) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "backend/cuda/kernels/fp_operands.cuh"
+#include "backend/cuda/kernels/grid_stride.cuh"
 
 namespace fpqmm::cuda {
 
@@ -73,8 +74,7 @@ __global__ void __launch_bounds__(kDequantizeThreads)
   // (gather's experts) it costs a division and a load per word.
   const float factor = global_factor(args.global_scale, 0);
   const int64_t matrix_rows = args.N / args.w_matrices;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < words;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  for_each_in_grid(words, [&](int64_t i) {
     const int64_t row = i / row_words;
     const int64_t k = (i - row * row_words) * codes;
     const float scale =
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kDequantizeThreads)
              ? global_factor(args.global_scale, row / matrix_rows)
              : factor);
     store_scaled_word<T, bits>(__ldg(args.w + i), scale, y + row * args.K + k);
-  }
+  });
 }
 
 }  // namespace fpqmm::cuda

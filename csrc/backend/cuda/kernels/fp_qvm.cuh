@@ -6,6 +6,7 @@
 #pragma once
 
 #include "backend/cuda/kernels/fp_operands.cuh"
+#include "backend/cuda/kernels/grid_stride.cuh"
 
 namespace fpqmm::cuda {
 
@@ -192,18 +193,27 @@ __global__ void __launch_bounds__(kQvmWarps* kWarpSize)
   fp_qvm_grid<T, bits, encoding>(args);
 }
 
-// Split K's second pass: y = the sum of the splits' float32 partials.
+// Split K's second pass: y = the sum of the splits' float32 partials (and
+// of x's parts: args.x_parts slices of M / x_parts rows each).
 template <typename T>
 __global__ void fp_split_k_sum(const QmmArgs args) {
-  const int64_t outputs = args.batch_count * args.M * args.N;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < outputs;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  const int parts = args.x_parts > 1 ? args.x_parts : 1;
+  const int64_t rows = args.M / parts;
+  const int64_t part_outputs = rows * args.N;
+  const int64_t outputs = args.batch_count * part_outputs;
+  for_each_in_grid(outputs, [&](int64_t i) {
+    const int64_t batch = i / part_outputs;
+    const int64_t within = i % part_outputs;
     float total = 0.0f;
     for (int s = 0; s < args.split_k; ++s) {
-      total += args.partials[s * outputs + i];
+      const float* slice =
+          args.partials + (s * args.batch_count + batch) * parts * part_outputs;
+      for (int part = 0; part < parts; ++part) {
+        total += slice[part * part_outputs + within];
+      }
     }
     static_cast<T*>(args.y)[i] = static_cast<T>(total);
-  }
+  });
 }
 
 }  // namespace fpqmm::cuda

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/kernels/grid_stride.cuh"
 #include "backend/cuda/kernels/params.h"
 
 namespace fpqmm::cuda {
@@ -14,10 +15,7 @@ __global__ void __launch_bounds__(kCopyThreads)
     fp_strided_copy(const StridedCopyArgs args) {
   const auto* src = static_cast<const E*>(args.src);
   auto* dst = static_cast<E*>(args.dst);
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < args.elements;
-       i += step) {
+  for_each_in_grid(args.elements, [&](int64_t i) {
     int64_t rest = i;
     int64_t offset = 0;
     for (int axis = args.ndim - 1; axis >= 0; --axis) {
@@ -25,7 +23,7 @@ __global__ void __launch_bounds__(kCopyThreads)
       rest /= args.shape[axis];
     }
     dst[i] = src[offset];
-  }
+  });
 }
 
 }  // namespace fpqmm::cuda

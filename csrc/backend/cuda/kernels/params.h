@@ -232,6 +232,10 @@ inline constexpr int kQvmSharedBytes =
 // Split K: the partial sums of split s are float32 at partials + s * batch *
 // M * N; fp_split_k_sum adds them, kSplitKSumThreads threads per block.
 inline constexpr int kSplitKSumThreads = 256;
+// fp_split_x: a pair of x's values a thread and step of a grid of
+// kSplitXThreads-thread blocks, up to kSplitXBlocksPerSm blocks per SM.
+inline constexpr int kSplitXThreads = 256;
+inline constexpr int kSplitXBlocksPerSm = 8;
 
 // Grouped gather (pairs of one row each): fp_group_pairs, one block of
 // kGroupThreads threads, counts the pairs of each expert (up to
@@ -323,8 +327,13 @@ struct QmmArgs {
   uint32_t* pair_order;
   PairRun* pair_runs;
   uint32_t* run_count;
-  // qmm_wgmma: x in fp_wgmma_tile_x's layout.
+  // qmm_wgmma: x in fp_wgmma_tile_x's layout; x split into parts: the parts
+  // (fp_split_x's output, the main kernel's x).
   void* x_tiles;
+  // 2: x split into bfloat16 high and low parts, rows M / 2 each (the highs,
+  // then the lows), which the main kernel multiplies as M rows of bfloat16 x
+  // into partials that fp_split_k_sum adds in pairs. 0 or 1: x as it is.
+  int x_parts;
 };
 
 // The grouped path's scratch, 32-bit words from a 16-byte aligned start:

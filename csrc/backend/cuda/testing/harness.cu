@@ -372,6 +372,7 @@ struct DeviceProblem {
   float* partials = nullptr;
   uint32_t* scratch = nullptr;  // the grouped path's (plan.grouping_bytes)
   void* x_tiles = nullptr;      // the wgmma path's (plan.x_tiles_bytes)
+  void* x_parts = nullptr;      // split x's (plan.x_split_bytes)
 };
 
 template <typename T>
@@ -417,12 +418,17 @@ void run_plan(const cu::KernelPlan& plan, const QmmProblem& problem,
   args.global_scale = d.global_scale;
   args.x = d.x;
   args.y = d.y;
-  args.partials = plan.split_k > 1 ? d.partials : nullptr;
+  args.partials = plan.reduction ? d.partials : nullptr;
   args.lhs_indices = d.lhs;
   args.rhs_indices = d.rhs;
   if (plan.grouping) {
     fc::place_grouping_scratch(args, d.scratch, plan.max_runs);
     launch(*plan.grouping, fc::group_pairs_kernel(), args, stream);
+  }
+  if (plan.x_split) {
+    args.x_tiles = d.x_parts;
+    launch(*plan.x_split, fc::split_x_kernel(problem.x_type), args, stream);
+    args.x = d.x_parts;
   }
   if (plan.x_tiles) {
     args.x_tiles = d.x_tiles;
@@ -483,6 +489,9 @@ bool run_case(const Case& c, std::mt19937& rng) {
   if (plan.x_tiles_bytes > 0) {
     CHECK_CUDA(cudaMalloc(&d.x_tiles, plan.x_tiles_bytes));
   }
+  if (plan.x_split_bytes > 0) {
+    CHECK_CUDA(cudaMalloc(&d.x_parts, plan.x_split_bytes));
+  }
   run_plan(plan, h.problem, d);
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -536,7 +545,8 @@ bool run_case(const Case& c, std::mt19937& rng) {
               plan.main.grid[0], plan.main.grid[1],
               plan.main.grid[2], worst);
   for (void* p : {d.w, d.scales, d.x, d.y, (void*)d.global_scale, (void*)d.lhs,
-                  (void*)d.rhs, (void*)d.partials, (void*)d.scratch, d.x_tiles}) {
+                  (void*)d.rhs, (void*)d.partials, (void*)d.scratch, d.x_tiles,
+                  d.x_parts}) {
     cudaFree(p);
   }
   return bad == 0;
@@ -639,6 +649,19 @@ std::vector<Case> test_cases() {
         c.nonfinite = true;
         cases.push_back(c);
       }
+    }
+  }
+  // float32 x of up to 4 rows times 8 MiB of W or more (the plan's x parts:
+  // x split once into bfloat16 high and low parts), rows of W past the last
+  // whole tile, non-finite values too.
+  for (const auto& m : kModes) {
+    const int N = m.mode == Mode::fp8 || m.mode == Mode::mxfp8 ? 2052 : 4100;
+    for (int M : {1, 3, 4}) {
+      Case c{name(m, "f32", true, M, N, 4096, " x parts"), m.mode, m.group_size,
+             FloatType::float32, m.scale_type, true, M, N, 4096};
+      c.global_scale = m.mode == Mode::nvfp4;
+      c.nonfinite = M == 3;
+      cases.push_back(c);
     }
   }
   // E8M0 scales at the float16 windows' edges and float16 subnormal x
@@ -929,6 +952,9 @@ void bench(const std::string& only) {
     if (plan.x_tiles_bytes > 0) {
       CHECK_CUDA(cudaMalloc(&d.x_tiles, plan.x_tiles_bytes));
     }
+    if (plan.x_split_bytes > 0) {
+      CHECK_CUDA(cudaMalloc(&d.x_parts, plan.x_split_bytes));
+    }
     const double us = time_us(
         [&] {
           for (int i = 0; i < copies; ++i) {
@@ -945,6 +971,7 @@ void bench(const std::string& only) {
     cudaFree(indices);
     cudaFree(d.scratch);
     cudaFree(d.x_tiles);
+    cudaFree(d.x_parts);
   };
 
   // fp_qmv's narrow blocks beside the wide ones that the plan takes: planned

@@ -113,12 +113,37 @@ int main() {
       big.split_k == 1 && big.split_k_step == 4096 && !big.reduction &&
           big.partials_bytes == 0,
       "no split");
-  auto big_f32 = problem(Mode::mxfp8, true, 8, 14336, 4096);
+  // float32 x of up to 4 rows and 8 MiB of W or more: split once into
+  // bfloat16 high and low parts, multiplied by bfloat16's kernel as twice
+  // the rows into partials that the reduction adds in pairs.
+  auto big_f32 = problem(Mode::mxfp8, true, 4, 14336, 4096);
   big_f32.x_type = FloatType::float32;
+  const auto big_f32_plan = auto_plan(big_f32, h200);
   check(
-      auto_plan(big_f32, h200).main.kernel ==
-          "fpqmm_qmv_wide_e4m3_e8m0_float32_x8",
-      "wide blocks for every x type");
+      big_f32_plan.main.kernel == "fpqmm_qmv_wide_e4m3_e8m0_bfloat16_x8" &&
+          big_f32_plan.x_parts == 2 && big_f32_plan.split_k == 1,
+      "float32 x in parts: " + big_f32_plan.main.kernel);
+  check(
+      big_f32_plan.x_split &&
+          big_f32_plan.x_split->kernel == "fpqmm_split_x_float32" &&
+          big_f32_plan.x_split_bytes == 8 * 4096 * 2 &&
+          big_f32_plan.reduction &&
+          big_f32_plan.reduction->kernel == "fpqmm_split_k_sum_float32" &&
+          big_f32_plan.partials_bytes == 8 * 14336 * 4,
+      "float32 x in parts: the split, the partials of 8 rows, their sum");
+  check(
+      cu::kernel_args(big_f32, big_f32_plan).M == 8 &&
+          cu::kernel_args(big_f32, big_f32_plan).x_parts == 2,
+      "float32 x in parts: the kernels' rows");
+  auto empty_k = big_f32;
+  empty_k.K = 0;
+  check(!auto_plan(empty_k, h200).x_split, "float32 x, K = 0: nothing split");
+  big_f32.M = 5;
+  check(
+      !auto_plan(big_f32, h200).x_split &&
+          auto_plan(big_f32, h200).main.kernel ==
+              "fpqmm_qmv_wide_e4m3_e8m0_float32_x8",
+      "5 rows of float32 x: split in each pass, wide blocks");
   // 264 wide blocks half fill it; 263 do not, and the narrow blocks run.
   check(
       auto_plan(problem(Mode::mxfp4, true, 1, 264 * 32, 4096), h200)
@@ -164,24 +189,26 @@ int main() {
       small8.splits_in_cluster && small8.split_k == 4 &&
           small8.split_k_step == 1024,
       "mxfp8 1024 x 4096 in a cluster");
-  // x in two parts (float32, float16 with float scales): 3 splits of 4096
-  // x 4096 stay in partial sums, 4 of 1024 x 4096 go to a cluster; float16
-  // x in float16 codes is blocked as bfloat16 x (256 blocks: unsplit).
+  // float32 x in two parts takes bfloat16's plan of twice the rows (4096 x
+  // 4096: unsplit), its sums in partials; float16 x with float scales keeps
+  // its own kernel (3 splits in partials); float16 x in float16 codes is
+  // blocked as bfloat16 x (256 blocks: unsplit).
   auto square32 = problem(Mode::mxfp4, true, 1, 4096, 4096);
   square32.x_type = FloatType::float32;
   const auto square32_plan = auto_plan(square32, h200);
   check(
-      square32_plan.split_k == 3 && !square32_plan.splits_in_cluster &&
-          square32_plan.reduction &&
+      square32_plan.split_k == 1 && square32_plan.x_parts == 2 &&
+          square32_plan.reduction && square32_plan.main.grid[0] == 256 &&
           square32_plan.key.family == cu::KernelFamily::qmv,
-      "float32 4096 x 4096: partials, split " +
+      "float32 4096 x 4096: parts, split " +
           std::to_string(square32_plan.split_k));
   auto square_fp4 = problem(Mode::fp4, true, 1, 4096, 4096);
   square_fp4.x_type = FloatType::float16;
   square_fp4.scale_type = FloatType::float16;
   const auto square_fp4_plan = auto_plan(square_fp4, h200);
   check(
-      square_fp4_plan.split_k == 3 && !square_fp4_plan.splits_in_cluster,
+      square_fp4_plan.x_parts == 1 && square_fp4_plan.split_k == 3 &&
+          !square_fp4_plan.splits_in_cluster,
       "float16 fp4 4096 x 4096: partials, split " +
           std::to_string(square_fp4_plan.split_k));
   auto square16 = square32;
@@ -192,11 +219,26 @@ int main() {
       "float16 mxfp4 4096 x 4096: split " +
           std::to_string(square16_plan.split_k) + ", " +
           std::to_string(square16_plan.main.grid[0]) + " blocks");
+  // Below 8 MiB of W the two more launches cost more than the split saves.
   auto small32 = problem(Mode::mxfp4, true, 1, 1024, 4096);
   small32.x_type = FloatType::float32;
+  const auto small32_plan = auto_plan(small32, h200);
   check(
-      auto_plan(small32, h200).splits_in_cluster,
+      !small32_plan.x_split && small32_plan.splits_in_cluster,
       "float32 1024 x 4096 in a cluster");
+  // In parts, bfloat16's split of K (a cluster's for mxfp8 1024 x 8192, 8
+  // MiB) becomes partial sums of its splits, both parts in each.
+  auto long32 = problem(Mode::mxfp8, true, 1, 1024, 8192);
+  long32.x_type = FloatType::float32;
+  const auto long32_plan = auto_plan(long32, h200);
+  check(
+      long32_plan.x_parts == 2 && !long32_plan.splits_in_cluster &&
+          long32_plan.split_k > 1 &&
+          long32_plan.key.family == cu::KernelFamily::qmv &&
+          long32_plan.partials_bytes ==
+              int64_t(long32_plan.split_k) * 2 * 1024 * 4,
+      "float32 mxfp8 1024 x 8192 in parts: splits in partials, split " +
+          std::to_string(long32_plan.split_k));
   // Few rows and a long K: more splits than a cluster's, with partials.
   auto narrow = auto_plan(problem(Mode::mxfp4, true, 1, 64, 14336), h200);
   check(
