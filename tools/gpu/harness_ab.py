@@ -54,9 +54,7 @@ def prepare(revisions: list[str]) -> None:
         rev, *patches = spec.split("+")
         tree = AB / (name or rev.replace("/", "-"))
         tree.mkdir()
-        subprocess.run(
-            f"git archive {rev} | tar -x -C {tree}", shell=True, cwd=ROOT, check=True
-        )
+        subprocess.run(f"git archive {rev} | tar -x -C {tree}", shell=True, cwd=ROOT, check=True)
         for patch in patches:
             with open(ROOT / patch) as diff:
                 subprocess.run(["patch", "-s", "-p1", "-d", str(tree)], stdin=diff, check=True)
