@@ -653,14 +653,18 @@ std::vector<Case> test_cases() {
   }
   // float32 x of up to 4 rows times 8 MiB of W or more (the plan's x parts:
   // x split once into bfloat16 high and low parts), rows of W past the last
-  // whole tile, non-finite values too.
+  // whole tile, non-finite values too (at K = 512, where most rows hold no
+  // non-finite scale).
   for (const auto& m : kModes) {
-    const int N = m.mode == Mode::fp8 || m.mode == Mode::mxfp8 ? 2052 : 4100;
+    const bool bytes = m.mode == Mode::fp8 || m.mode == Mode::mxfp8;
     for (int M : {1, 3, 4}) {
-      Case c{name(m, "f32", true, M, N, 4096, " x parts"), m.mode, m.group_size,
-             FloatType::float32, m.scale_type, true, M, N, 4096};
+      const bool nonfinite = M == 3;
+      const int N = nonfinite ? (bytes ? 16384 : 32768) : (bytes ? 2052 : 4100);
+      const int K = nonfinite ? 512 : 4096;
+      Case c{name(m, "f32", true, M, N, K, " x parts"), m.mode, m.group_size,
+             FloatType::float32, m.scale_type, true, M, N, K};
       c.global_scale = m.mode == Mode::nvfp4;
-      c.nonfinite = M == 3;
+      c.nonfinite = nonfinite;
       cases.push_back(c);
     }
   }
