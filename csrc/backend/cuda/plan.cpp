@@ -467,7 +467,7 @@ std::optional<KernelPlan> plan_x_parts(
   const int64_t w_bytes = int64_t(p.N) * p.K * format_for(p.mode).bits / 8;
   if (!p.transpose || p.gather || p.batch_count() != 1 || p.M == 0 ||
       p.K == 0 || p.M > kXPartsMaxRows || w_bytes < kXPartsMinWeightBytes ||
-      p.x_type != FloatType::float32 || one_x_part(p) ||
+      p.x_type != FloatType::float32 ||
       !staged_reason(p, format_for(p.mode)).empty() ||
       (request != KernelRequest::automatic &&
        request != KernelRequest::decode)) {
@@ -491,7 +491,7 @@ std::optional<KernelPlan> plan_x_parts(
   set_split_k(p, plan.split_k, plan.split_k_step, plan);
   plan.partials_bytes *= plan.x_parts;  // the main kernel's rows: the parts'
   plan.x_split = grid_stride_launch(
-      "fpqmm_split_x_" + std::string(type_name(p.x_type)),
+      "fpqmm_split_x_float32",
       int64_t(p.M) * p.K / 2,
       fc::kSplitXThreads,
       fc::kSplitXBlocksPerSm,

@@ -291,8 +291,8 @@ struct KernelPlan {
   // its tiles into x_tiles_bytes of scratch.
   std::optional<Launch> x_tiles;
   int64_t x_tiles_bytes = 0;
-  // x split into parts (x_parts 2: float32 x, float16 x with float scales,
-  // in the decode range): `x_split` (fp_split_x) runs first and writes x's
+  // x split into parts (x_parts 2: float32 x, plan_x_parts's rule):
+  // `x_split` (fp_split_x) runs first and writes x's
   // bfloat16 high and low parts, x_split_bytes of scratch (passed as
   // QmmArgs::x_tiles), which the main kernel, a bfloat16 one, multiplies as
   // twice the rows into partials that `reduction` adds in pairs.

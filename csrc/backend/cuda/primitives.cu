@@ -277,7 +277,7 @@ void run(
         encoder,
         plan.x_split_bytes,
         *plan.x_split,
-        fc::split_x_kernel(problem.x_type),
+        fc::split_x_kernel(),
         args,
         place_x_tiles);
     args.x = args.x_tiles;

@@ -60,16 +60,8 @@ const void* split_k_sum_kernel(mlx_fpqmm::FloatType type) {
   return kernel;
 }
 
-const void* split_x_kernel(mlx_fpqmm::FloatType type) {
-  switch (type) {
-    case mlx_fpqmm::FloatType::float32:
-      return reinterpret_cast<const void*>(&fp_split_x<float>);
-    case mlx_fpqmm::FloatType::float16:
-      return reinterpret_cast<const void*>(&fp_split_x<__half>);
-    case mlx_fpqmm::FloatType::bfloat16:
-      break;
-  }
-  throw std::invalid_argument("[cuda] bfloat16 x is not split into parts.");
+const void* split_x_kernel() {
+  return reinterpret_cast<const void*>(&fp_split_x);
 }
 
 const void* strided_copy_kernel(int itemsize) {

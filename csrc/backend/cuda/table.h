@@ -16,8 +16,8 @@ const void* group_pairs_kernel();
 // fp_wgmma_tile_x (or, for the grouped gather, fp_wgmma_tile_x_grouped)
 // for `bits`-wide codes (KernelPlan::x_tiles).
 const void* wgmma_tile_x_kernel(int bits, bool grouped);
-// fp_split_x for float32 or float16 x (KernelPlan::x_split).
-const void* split_x_kernel(mlx_fpqmm::FloatType type);
+// fp_split_x, float32 x's split (KernelPlan::x_split).
+const void* split_x_kernel();
 // fp_strided_copy for elements of `itemsize` bytes (2 or 4).
 const void* strided_copy_kernel(int itemsize);
 

@@ -1,8 +1,7 @@
-// fp_split_x: x that a pass cannot take as it is (float32 x; float16 x with
-// float scales) split once into the bfloat16 high and low parts of fp_qmv's
-// two-part steps (split_pair), for a bfloat16 kernel to multiply as twice
-// the rows (QmmArgs::x_parts): rather than every block splitting its chunks
-// of x again.
+// fp_split_x: float32 x split once into the bfloat16 high and low parts of
+// fp_qmv's two-part steps (split_pair), for a bfloat16 kernel to multiply
+// as twice the rows (QmmArgs::x_parts): rather than every block splitting
+// its chunks of x again.
 #pragma once
 
 #include "backend/cuda/kernels/fp_qmv.cuh"
@@ -12,18 +11,14 @@ namespace fpqmm::cuda {
 
 // x (M / 2 rows of K, one matrix) into args.x_tiles: the rows' high parts,
 // then their low parts, as bfloat16; a pair of values a thread and step.
-template <typename T>
 __global__ void __launch_bounds__(kSplitXThreads)
     fp_split_x(const QmmArgs args) {
-  const auto* x = static_cast<const T*>(args.x);
+  const auto* x = static_cast<const float*>(args.x);
   auto* parts = static_cast<uint32_t*>(args.x_tiles);
   const int64_t pairs = int64_t(args.M / 2) * args.K / 2;
   for_each_in_grid(pairs, [&](int64_t i) {
     uint32_t high_low[2];
-    split_pair(
-        static_cast<float>(x[2 * i]),
-        static_cast<float>(x[2 * i + 1]),
-        high_low);
+    split_pair(x[2 * i], x[2 * i + 1], high_low);
     parts[i] = high_low[0];
     parts[pairs + i] = high_low[1];
   });

@@ -427,7 +427,7 @@ void run_plan(const cu::KernelPlan& plan, const QmmProblem& problem,
   }
   if (plan.x_split) {
     args.x_tiles = d.x_parts;
-    launch(*plan.x_split, fc::split_x_kernel(problem.x_type), args, stream);
+    launch(*plan.x_split, fc::split_x_kernel(), args, stream);
     args.x = d.x_parts;
   }
   if (plan.x_tiles) {
