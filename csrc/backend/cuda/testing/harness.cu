@@ -976,6 +976,25 @@ void bench(const std::string& only) {
     cudaFree(d.scratch);
     cudaFree(d.x_tiles);
     cudaFree(d.x_parts);
+    if (as.major != 0 || request != cu::KernelRequest::automatic) {
+      return;
+    }
+    // The floor beside the plan's kernel: a streaming read of as many bytes
+    // from the same copies, launched as often.
+    const int64_t floor_vectors = (weight_bytes + scale_bytes) / 16;
+    const int floor_blocks =
+        int(std::min<int64_t>(device.sm_count * 8, (floor_vectors + 511) / 512));
+    const double floor_us = time_us(
+        [&] {
+          for (int i = 0; i < copies; ++i) {
+            read_bandwidth_kernel<<<floor_blocks, 512>>>(
+                (const uint4*)(pool + i * set_w), floor_vectors, sink);
+          }
+        },
+        copies);
+    const double floor_gbs = (weight_bytes + scale_bytes) / floor_us / 1e3;
+    std::printf("%-44s %10.2f %9.0f %5.0f%%  read_bandwidth_kernel\n", (label + " floor").c_str(),
+                floor_us, floor_gbs, 100.0 * floor_gbs / read_gbs);
   };
 
   // fp_qmv's narrow blocks beside the wide ones that the plan takes: planned
