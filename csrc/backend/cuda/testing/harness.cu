@@ -839,6 +839,27 @@ std::vector<Case> test_cases() {
 
 // ---- Benchmark ----
 
+// The same reads in fp_qmv_wide's order: a block of 4 warps a 32 rows, each
+// lane's 4 rows (lane / 4 + 8 i) 16 bytes at a time, a warp's pass 64 bytes
+// of each row, the warps' passes interleaved.
+__global__ void read_rows_kernel(const uint4* data, int rows, int row_vectors, uint32_t* out) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  uint32_t acc = 0;
+  for (int pass = warp; pass * 4 < row_vectors; pass += 4) {
+    for (int i = 0; i < 4; ++i) {
+      const int row = blockIdx.x * 32 + lane / 4 + 8 * i;
+      if (row < rows) {
+        const uint4 v = __ldcs(data + int64_t(row) * row_vectors + pass * 4 + lane % 4);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+    }
+  }
+  if (acc == 0x12345678u) {
+    out[0] = acc;
+  }
+}
+
 __global__ void read_bandwidth_kernel(const uint4* data, int64_t count, uint32_t* out) {
   uint32_t acc = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
@@ -995,6 +1016,21 @@ void bench(const std::string& only) {
     const double floor_gbs = (weight_bytes + scale_bytes) / floor_us / 1e3;
     std::printf("%-44s %10.2f %9.0f %5.0f%%  read_bandwidth_kernel\n", (label + " floor").c_str(),
                 floor_us, floor_gbs, 100.0 * floor_gbs / read_gbs);
+    const int64_t row_vectors = weight_bytes / problem.N / 16;
+    if (lhs || !problem.transpose || problem.batch_count() != 1 || row_vectors % 4 != 0) {
+      return;
+    }
+    const double rows_us = time_us(
+        [&] {
+          for (int i = 0; i < copies; ++i) {
+            read_rows_kernel<<<(problem.N + 31) / 32, 128>>>(
+                (const uint4*)(pool + i * set_w), problem.N, int(row_vectors), sink);
+          }
+        },
+        copies);
+    const double rows_gbs = weight_bytes / rows_us / 1e3;
+    std::printf("%-44s %10.2f %9.0f %5.0f%%  read_rows_kernel\n", (label + " floor rows").c_str(),
+                rows_us, rows_gbs, 100.0 * rows_gbs / read_gbs);
   };
 
   // fp_qmv's narrow blocks beside the wide ones that the plan takes: planned
