@@ -97,14 +97,17 @@ def test_decode_takes_wide_blocks_where_they_half_fill_the_gpu(n, kernel, grid, 
     "M, expected, kernel",
     [
         (48, "tiled", "fpqmm_qmm_e2m1_e8m0_bfloat16_x32"),
-        (49, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w128"),
+        (49, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x64_w128"),
+        (64, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x64_w128"),
+        (65, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w128"),
         (512, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w128"),
         (513, "dequantize_matmul", "fpqmm_dequantize_e2m1_e8m0_bfloat16"),
     ],
 )
 def test_hopper_rows_take_wgmma(M, expected, kernel):
-    """bfloat16 x on sm_90: Hopper's warpgroup MMA past 48 rows up to 512, after a
-    launch that lays x out in its tiles; dequantize + matmul past them."""
+    """bfloat16 x on sm_90: Hopper's warpgroup MMA past 48 rows up to 512 (blocks of
+    64 rows of x up to 64 rows, then 128), after a launch that lays x out in its
+    tiles of 128 rows; dequantize + matmul past them."""
     plan = path((M, K), dtype=mx.bfloat16)
     assert plan["path"] == expected, plan["note"]
     assert plan["kernel"] == kernel
@@ -213,14 +216,16 @@ def test_bfloat16_gather_takes_block_tiles(pairs, kernel):
     "pairs, kernel",
     [
         (32 * 48 - 1, "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x32"),
-        (32 * 48, "fpqmm_qmm_wgmma_grouped_e2m1_e8m0_bfloat16_x128_w256"),
+        (32 * 48, "fpqmm_qmm_wgmma_grouped_e2m1_e8m0_bfloat16_x64_w256"),
+        (32 * 64, "fpqmm_qmm_wgmma_grouped_e2m1_e8m0_bfloat16_x64_w256"),
+        (32 * 64 + 1, "fpqmm_qmm_wgmma_grouped_e2m1_e8m0_bfloat16_x128_w256"),
         (32 * 2048 * 4, "fpqmm_qmm_wgmma_grouped_e2m1_e8m0_bfloat16_x128_w256"),
     ],
 )
 def test_bfloat16_gather_takes_wgmma_on_hopper(pairs, kernel):
-    """bfloat16 x on sm_90: Hopper's warpgroup MMA over runs of up to 128 pairs from
-    48 pairs an expert, whose x a first launch gathers into tiles; never dequantize +
-    gather_mm by default."""
+    """bfloat16 x on sm_90: Hopper's warpgroup MMA over runs of up to 64 pairs (up to
+    64 pairs an expert on average) or 128 from 48 pairs an expert, whose x a first
+    launch gathers into tiles; never dequantize + gather_mm by default."""
     plan = gather_path(pairs, dtype=mx.bfloat16)
     assert plan["path"] == "grouped", plan["note"]
     assert plan["kernel"] == kernel

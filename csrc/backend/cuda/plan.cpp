@@ -310,7 +310,7 @@ int qmm_x_blocks(int64_t rows, bool grouped) {
 // 65.8 / 77.2.
 int wgmma_tiles(const QmmProblem& p, const CudaDevice& device) {
   const int64_t wide_blocks = ceil_div(p.N, fc::wgmma_rows_per_block(2)) *
-                              ceil_div(p.M, fc::kWgmmaXRows);
+                              ceil_div(p.M, fc::wgmma_x_rows(p.M));
   return half_fills(wide_blocks, 1, device) ? 2 : 1;
 }
 // A split of K takes at least this many stages.
@@ -361,13 +361,20 @@ void add_grouping(int64_t runs, KernelPlan& plan) {
   plan.grouping_bytes = fc::grouping_scratch_bytes(runs, plan.batch_count);
 }
 
-// Whether the grouped path multiplies with fp_qmm_wgmma_grouped (runs of
-// kWgmmaXRows pairs): on sm_90 from kWgmmaGroupRows rows an expert, or on
-// request, where it runs.
+// fp_qmm_wgmma_grouped's runs of pairs (its rows of x a block), from the
+// pairs an expert on average.
+int grouped_wgmma_x_rows(const QmmProblem& p) {
+  return fc::wgmma_x_rows(static_cast<int>(std::min<int64_t>(
+      ceil_div(p.batch_count(), std::max(p.w_matrices, 1)), fc::kWgmmaXRows)));
+}
+
+// Whether the grouped path multiplies with fp_qmm_wgmma_grouped: on sm_90
+// from kWgmmaGroupRows rows an expert, or on request, where it runs.
 bool grouped_wgmma(
     const QmmProblem& p, const CudaDevice& device, KernelRequest request) {
   const int64_t pairs = p.batch_count();
-  const int64_t runs = fc::max_pair_runs(pairs, p.w_matrices, fc::kWgmmaXRows);
+  const int64_t runs =
+      fc::max_pair_runs(pairs, p.w_matrices, grouped_wgmma_x_rows(p));
   return wgmma_common_reason(p, device, wgmma_x_tiles_bytes(p, runs)).empty() &&
          (request == KernelRequest::wgmma ||
           (request != KernelRequest::tiled &&
@@ -382,7 +389,7 @@ void plan_grouped_wgmma(
     const Format& format,
     const CudaDevice& device,
     KernelPlan& plan) {
-  plan.run_rows = fc::kWgmmaXRows;
+  plan.run_rows = grouped_wgmma_x_rows(p);
   const int64_t runs =
       fc::max_pair_runs(plan.batch_count, p.w_matrices, plan.run_rows);
   plan.max_runs = static_cast<int>(runs);
@@ -391,7 +398,7 @@ void plan_grouped_wgmma(
       format.bits,
       scale_encoding(p.mode, p.scale_type),
       p.x_type,
-      fc::kWgmmaXRows / fc::kXBlockRows};
+      plan.run_rows / fc::kXBlockRows};
   // Blocks of 256 W rows: at kWgmmaGroupRows pairs an expert or more, the
   // runs make enough blocks (and one kernel fewer to build).
   plan.key.w_tiles = 2;
@@ -402,7 +409,7 @@ void plan_grouped_wgmma(
        static_cast<int>(std::min<int64_t>(runs, kMaxGridYZ)),
        1},
       {fc::kWgmmaThreads, 1, 1},
-      fc::wgmma_shared_bytes(format.bits, plan.key.w_tiles)};
+      fc::wgmma_shared_bytes(format.bits, plan.key.w_tiles, plan.run_rows)};
   add_grouping(runs, plan);
   plan.x_tiles = grid_stride_launch(
       "fpqmm_wgmma_tile_x_grouped_" + std::string(codes_name(format.bits)),
@@ -828,7 +835,7 @@ KernelPlan plan(
       format.bits,
       scale_encoding(p.mode, p.scale_type),
       p.x_type,
-      family == KernelFamily::qmm_wgmma ? fc::kWgmmaXRows / fc::kXBlockRows
+      family == KernelFamily::qmm_wgmma ? fc::wgmma_x_rows(p.M) / fc::kXBlockRows
       : family == KernelFamily::qmm || transposed_decode ? x_blocks
                                                          : 0};
   if (family == KernelFamily::qmm_wgmma) {
@@ -861,22 +868,25 @@ KernelPlan plan(
       plan.main.shared_bytes = fc::staged_shared_bytes(
           format.bits, scale_itemsize(plan.key.encoding));
       break;
-    case KernelFamily::qmm_wgmma:
+    case KernelFamily::qmm_wgmma: {
+      const int x_rows = plan.key.x_blocks * fc::kXBlockRows;
+      const int64_t x_tiles = ceil_div(p.M, fc::kWgmmaXRows);
       column_blocks = ceil_div(p.N, fc::wgmma_rows_per_block(plan.key.w_tiles));
-      m_blocks = ceil_div(p.M, fc::kWgmmaXRows);
+      m_blocks = ceil_div(p.M, x_rows);
       plan.main.block = {fc::kWgmmaThreads, 1, 1};
       plan.main.shared_bytes =
-          fc::wgmma_shared_bytes(format.bits, plan.key.w_tiles);
+          fc::wgmma_shared_bytes(format.bits, plan.key.w_tiles, x_rows);
       plan.x_tiles = Launch{
           "fpqmm_wgmma_tile_x_" + std::string(codes_name(format.bits)),
           {static_cast<int>(
-               m_blocks * ceil_div(p.K, fc::wgmma_stage_codes(format.bits))),
+               x_tiles * ceil_div(p.K, fc::wgmma_stage_codes(format.bits))),
            1,
            1},
           {fc::kWgmmaTileXThreads, 1, 1},
           0};
-      plan.x_tiles_bytes = wgmma_x_tiles_bytes(p, m_blocks);
+      plan.x_tiles_bytes = wgmma_x_tiles_bytes(p, x_tiles);
       break;
+    }
     case KernelFamily::qmm:
       column_blocks = ceil_div(p.N, fc::kQmmRowsPerBlock);
       m_blocks = ceil_div(p.M, x_blocks * fc::kXBlockRows);

@@ -44,11 +44,13 @@ struct WgmmaXTile {
 // The bytes of a tile that hold its rows [0, rows): whole groups of 8 rows,
 // which the tile lays out one after another. Only they are written, copied
 // and read where fewer rows of x are left (a run of few pairs, a small M):
-// the others would only feed outputs that are not stored.
+// the others would only feed outputs that are not stored. A block of
+// x_rows rows starting at row r of a tile finds its rows at prefix(r).
 template <int bits>
-__host__ __device__ constexpr int wgmma_x_tile_prefix(int rows) {
+__host__ __device__ constexpr int wgmma_x_tile_prefix(
+    int rows, int x_rows = kWgmmaXRows) {
   constexpr int group_bytes = WgmmaXTile<bits>::bytes / (kWgmmaXRows / 8);
-  return ((rows < kWgmmaXRows ? rows : kWgmmaXRows) + 7) / 8 * group_bytes;
+  return ((rows < x_rows ? rows : x_rows) + 7) / 8 * group_bytes;
 }
 
 // The stages of K (the last one partial where K is not a multiple).
@@ -147,19 +149,26 @@ __global__ void __launch_bounds__(kWgmmaTileXThreads)
 // wgmma steps in flight, each with its A fragments in registers.
 inline constexpr int kWgmmaInFlight = 2;
 
-// W rows [n0, n0 + wgmma_rows_per_block(tiles)) times x rows [m0, m0 + 128)
-// of M (x's tiles: those of m block x_tile) over K range [k_begin, k_end)
+// W rows [n0, n0 + wgmma_rows_per_block(tiles)) times x rows [m0, m0 +
+// x_rows) of M (x's tiles: those of m block x_tile, from its row x_first)
+// over K range [k_begin, k_end)
 // (k_begin a multiple of the stage) of one product; every thread of the
 // block calls it. `ring` counts the stages that earlier calls of the block
 // passed through the shared-memory ring (the mbarriers' phases); `rows`
 // says where y's rows are (and which are NaN).
-template <int bits, int encoding, int tiles, typename Rows = ContiguousRows>
+template <
+    int bits,
+    int encoding,
+    int tiles,
+    int x_rows,
+    typename Rows = ContiguousRows>
 __device__ __forceinline__ void fp_qmm_wgmma_impl(
     const QmmArgs& args,
     const Operands<__nv_bfloat16, encoding>& op,
     uint8_t* shared,
     int& ring,
     int64_t x_tile,
+    int x_first,
     int M,
     int m0,
     int n0,
@@ -177,14 +186,15 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   constexpr int steps_per_word = word_codes / 4;
   constexpr int lane_codes = codes / 4;
   constexpr int groups = kChunkGroups<bits, encoding>;
-  constexpr int stages = wgmma_stages(bits, tiles);
+  constexpr int stages = wgmma_stages(bits, tiles, x_rows);
   constexpr int ahead = stages - 2;
   constexpr int block_rows = wgmma_rows_per_block(tiles);
-  constexpr int stage_bytes = wgmma_stage_bytes(bits, tiles);
-  constexpr int accumulators = kWgmmaXRows / 2;
+  constexpr int stage_bytes = wgmma_stage_bytes(bits, tiles, x_rows);
+  constexpr int x_bytes_max = wgmma_x_tile_bytes(bits, x_rows);
+  constexpr int accumulators = x_rows / 2;
   static_assert(steps % kWgmmaInFlight == 0 && ahead >= 1);
   static_assert(block_rows * 4 % kWgmmaThreads == 0);
-  static_assert(kWgmmaXRows * wgmma_out_pitch(tiles) <= stages * stage_bytes);
+  static_assert(x_rows * wgmma_out_pitch(tiles) <= stages * stage_bytes);
 
   const int N = args.N;
   const int K = args.K;
@@ -198,9 +208,10 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   const int stage_count = op.valid ? (k_end - k_begin + codes - 1) / codes : 0;
   const auto* w_bytes = reinterpret_cast<const uint8_t*>(op.w);
   const auto* x_tiles = static_cast<const uint8_t*>(args.x_tiles) +
-                        x_tile * wgmma_stage_count<bits>(K) * Tile::bytes;
+                        x_tile * wgmma_stage_count<bits>(K) * Tile::bytes +
+                        wgmma_x_tile_prefix<bits>(x_first);
   const uint32_t barriers = sm90::shared_address(shared + stages * stage_bytes);
-  const uint32_t x_bytes = wgmma_x_tile_prefix<bits>(M - m0);
+  const uint32_t x_bytes = wgmma_x_tile_prefix<bits>(M - m0, x_rows);
 
   // This lane's W rows in the block: tile i, half h.
   auto w_row = [&](int i, int h) {
@@ -230,7 +241,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
       const int k = k_begin + s * codes + u % 4 * lane_codes;
       const bool in = n < N && k < k_end;
       copy_async<16>(
-          at + Tile::bytes + 16 * u,
+          at + x_bytes_max + 16 * u,
           in ? w_bytes + n * w_row_bytes + k * bits / 8 : w_bytes,
           in ? 16 : 0);
     }
@@ -293,7 +304,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         words[i][h] = *reinterpret_cast<const uint4*>(
-            at + Tile::bytes + w_row(i, h) * kWgmmaWRowBytes +
+            at + x_bytes_max + w_row(i, h) * kWgmmaWRowBytes +
             lane.thread * 16);
 #pragma unroll
         for (int g = 0; g < groups; ++g) {
@@ -357,7 +368,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
 #pragma unroll
       for (int i = 0; i < tiles; ++i) {
         sm90::fence_registers(acc[i]);
-        sm90::wgmma_m64n128k16(
+        sm90::wgmma_m64nk16<x_rows>(
             acc[i], aj[i], descriptor + uint64_t(16 * j), s > 0 || j > 0);
         sm90::fence_registers(acc[i]);
       }
@@ -427,7 +438,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   }
   __syncthreads();
   constexpr int row_units = block_rows / 8;
-  for (int u = threadIdx.x; u < kWgmmaXRows * row_units; u += kWgmmaThreads) {
+  for (int u = threadIdx.x; u < x_rows * row_units; u += kWgmmaThreads) {
     const int m = u / row_units;
     const int n = u % row_units * 8;
     if (m0 + m < M && n0 + n < N) {
@@ -444,12 +455,12 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
 }
 
 // The block's mbarriers (one a slot of the ring), before its first stage.
-template <int bits, int tiles>
+template <int bits, int tiles, int x_rows>
 __device__ __forceinline__ void init_wgmma_barriers(uint8_t* shared) {
-  constexpr int stages = wgmma_stages(bits, tiles);
+  constexpr int stages = wgmma_stages(bits, tiles, x_rows);
   if (threadIdx.x == 0) {
-    const uint32_t barriers =
-        sm90::shared_address(shared + stages * wgmma_stage_bytes(bits, tiles));
+    const uint32_t barriers = sm90::shared_address(
+        shared + stages * wgmma_stage_bytes(bits, tiles, x_rows));
     for (int slot = 0; slot < stages; ++slot) {
       sm90::barrier_init(barriers + 8 * slot, 1);
     }
@@ -458,15 +469,15 @@ __device__ __forceinline__ void init_wgmma_barriers(uint8_t* shared) {
   __syncthreads();
 }
 
-template <int bits, int encoding, int tiles>
+template <int bits, int encoding, int tiles, int x_rows>
 __global__ void __launch_bounds__(kWgmmaThreads, 1)
     fp_qmm_wgmma(const QmmArgs args) {
 #if FPQMM_SM90A
   extern __shared__ uint4 shared_words[];
   auto* shared = reinterpret_cast<uint8_t*>(shared_words);
-  init_wgmma_barriers<bits, tiles>(shared);
+  init_wgmma_barriers<bits, tiles, x_rows>(shared);
   int ring = 0;
-  transposed_grid<__nv_bfloat16, bits, encoding, kWgmmaXRows / kXBlockRows>(
+  transposed_grid<__nv_bfloat16, bits, encoding, x_rows / kXBlockRows>(
       args,
       wgmma_rows_per_block(tiles),
       [&](const auto& op,
@@ -476,12 +487,13 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
           int k_end,
           __nv_bfloat16* y,
           float* partials) {
-        fp_qmm_wgmma_impl<bits, encoding, tiles>(
+        fp_qmm_wgmma_impl<bits, encoding, tiles, x_rows>(
             args,
             op,
             shared,
             ring,
             m0 / kWgmmaXRows,
+            m0 % kWgmmaXRows,
             args.M,
             m0,
             n0,
@@ -496,27 +508,28 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
 #endif
 }
 
-// fp_qmm_wgmma over the runs of fp_group_pairs (grid y walks them), whose x
-// fp_wgmma_tile_x_grouped has gathered into tiles: each block multiplies a
-// run's rows of x by its expert's rows of W.
-template <int bits, int encoding, int tiles>
+// fp_qmm_wgmma over the runs of fp_group_pairs (grid y walks them; runs of
+// up to x_rows pairs), whose x fp_wgmma_tile_x_grouped has gathered into
+// tiles: each block multiplies a run's rows of x by its expert's rows of W.
+template <int bits, int encoding, int tiles, int x_rows>
 __global__ void __launch_bounds__(kWgmmaThreads, 1)
     fp_qmm_wgmma_grouped(const QmmArgs args) {
 #if FPQMM_SM90A
   extern __shared__ uint4 shared_words[];
   auto* shared = reinterpret_cast<uint8_t*>(shared_words);
-  init_wgmma_barriers<bits, tiles>(shared);
+  init_wgmma_barriers<bits, tiles, x_rows>(shared);
   int ring = 0;
   const int n0 = blockIdx.x * wgmma_rows_per_block(tiles);
   grouped_runs<__nv_bfloat16, bits, encoding>(
       args,
       [&](const auto& op, const GatheredRows& rows, int count, uint32_t run) {
-        fp_qmm_wgmma_impl<bits, encoding, tiles>(
+        fp_qmm_wgmma_impl<bits, encoding, tiles, x_rows>(
             args,
             op,
             shared,
             ring,
             run,
+            0,
             count,
             0,
             n0,

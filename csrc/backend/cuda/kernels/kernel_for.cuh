@@ -65,6 +65,17 @@ void with_wgmma_tiles(int tiles, F&& f) {
   }
 }
 
+// fp_qmm_wgmma's rows of x a block (x_blocks of 8): kWgmmaFewXRows or
+// kWgmmaXRows.
+template <typename F>
+void with_wgmma_x_rows(int x_blocks, F&& f) {
+  if (x_blocks * kXBlockRows == kWgmmaFewXRows) {
+    f(Int<kWgmmaFewXRows>{});
+  } else if (x_blocks * kXBlockRows == kWgmmaXRows) {
+    f(Int<kWgmmaXRows>{});
+  }
+}
+
 // fp_qmv, fp_qmv_wide, fp_qmv_cluster, fp_qmv_grouped, fp_qmv_staged,
 // fp_qvm, fp_qmm, fp_qmm_grouped, fp_qmm_wgmma(_grouped) or fp_dequantize
 // for `key` (of x type T and `bits`-wide codes); null for E4M3 scales with E4M3
@@ -122,12 +133,16 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
         case KernelFamily::qmm_wgmma_grouped:
           if constexpr (std::is_same_v<T, __nv_bfloat16>) {
             if (key.family == KernelFamily::qmm_wgmma_grouped) {
-              kernel = reinterpret_cast<const void*>(
-                  &fp_qmm_wgmma_grouped<bits, encoding, 2>);
+              with_wgmma_x_rows(key.x_blocks, [&](auto x_rows) {
+                kernel = reinterpret_cast<const void*>(
+                    &fp_qmm_wgmma_grouped<bits, encoding, 2, x_rows>);
+              });
             } else {
               with_wgmma_tiles(key.w_tiles, [&](auto tiles) {
-                kernel = reinterpret_cast<const void*>(
-                    &fp_qmm_wgmma<bits, encoding, tiles>);
+                with_wgmma_x_rows(key.x_blocks, [&](auto x_rows) {
+                  kernel = reinterpret_cast<const void*>(
+                      &fp_qmm_wgmma<bits, encoding, tiles, x_rows>);
+                });
               });
             }
           }

@@ -173,17 +173,22 @@ constexpr int qmm_shared_bytes(
 }
 
 // qmm_wgmma (sm_90a: x @ W^T with bfloat16 x, many rows): Hopper's
-// warpgroup MMA (wgmma m64n128k16, A = W decoded into registers, B = x in
+// warpgroup MMA (wgmma m64nXk16, A = W decoded into registers, B = x in
 // shared memory). A block of kWgmmaWarpgroups warpgroups multiplies
 // wgmma_rows_per_block(tiles) rows of W (tiles of 64 rows a warpgroup)
-// with kWgmmaXRows rows of x. A stage is 64 bytes of each W row
-// (wgmma_stage_codes), staged by cp.async, and x's values over the same
-// codes, which a first kernel (fp_wgmma_tile_x) has laid out in device
-// memory as the stage's shared-memory tile, so that one bulk copy loads it.
+// with x_rows rows of x (wgmma's N: kWgmmaXRows, or fewer for few rows,
+// kWgmmaFewXRows, where the MMA would otherwise multiply rows that are not
+// there). A stage is 64 bytes of each W row (wgmma_stage_codes), staged by
+// cp.async, and x's values over the same codes, which a first kernel
+// (fp_wgmma_tile_x) has laid out in device memory as the stage's
+// shared-memory tile of kWgmmaXRows rows (in groups of 8 rows, so that the
+// first x_rows of a tile are a tile of x_rows), so that one bulk copy loads
+// it.
 inline constexpr int kWgmmaWarpgroups = 2;
 inline constexpr int kWgmmaThreads = kWgmmaWarpgroups * 128;
 inline constexpr int kWgmmaTileRows = 64;  // wgmma's M
-inline constexpr int kWgmmaXRows = 128;    // wgmma's N
+inline constexpr int kWgmmaXRows = 128;    // wgmma's N, and x's tiles
+inline constexpr int kWgmmaFewXRows = 64;
 inline constexpr int kWgmmaWRowBytes = 64;
 inline constexpr int kWgmmaSharedBudget = 200 * 1024;
 inline constexpr int kWgmmaTileXThreads =
@@ -194,15 +199,15 @@ constexpr int wgmma_rows_per_block(int tiles) {
 constexpr int wgmma_stage_codes(int bits) {
   return kWgmmaWRowBytes * 8 / bits;
 }
-constexpr int wgmma_x_tile_bytes(int bits) {
-  return kWgmmaXRows * wgmma_stage_codes(bits) * 2;
+constexpr int wgmma_x_tile_bytes(int bits, int x_rows = kWgmmaXRows) {
+  return x_rows * wgmma_stage_codes(bits) * 2;
 }
-constexpr int wgmma_stage_bytes(int bits, int tiles) {
-  return wgmma_x_tile_bytes(bits) +
-         wgmma_rows_per_block(tiles) * kWgmmaWRowBytes;
+constexpr int wgmma_stage_bytes(int bits, int tiles, int x_rows) {
+  return wgmma_x_tile_bytes(bits, x_rows) +
+      wgmma_rows_per_block(tiles) * kWgmmaWRowBytes;
 }
-constexpr int wgmma_stages(int bits, int tiles) {
-  const int fit = kWgmmaSharedBudget / wgmma_stage_bytes(bits, tiles);
+constexpr int wgmma_stages(int bits, int tiles, int x_rows) {
+  const int fit = kWgmmaSharedBudget / wgmma_stage_bytes(bits, tiles, x_rows);
   return fit < 8 ? fit : 8;
 }
 // The output tile, staged for whole 16-byte rows of y (rows padded by 16
@@ -210,11 +215,15 @@ constexpr int wgmma_stages(int bits, int tiles) {
 constexpr int wgmma_out_pitch(int tiles) {
   return wgmma_rows_per_block(tiles) * 2 + 16;
 }
-constexpr int wgmma_shared_bytes(int bits, int tiles) {
-  const int stages =
-      wgmma_stages(bits, tiles) * (wgmma_stage_bytes(bits, tiles) + 8);
-  const int out = kWgmmaXRows * wgmma_out_pitch(tiles);
+constexpr int wgmma_shared_bytes(int bits, int tiles, int x_rows) {
+  const int stages = wgmma_stages(bits, tiles, x_rows) *
+      (wgmma_stage_bytes(bits, tiles, x_rows) + 8);
+  const int out = x_rows * wgmma_out_pitch(tiles);
   return stages > out ? stages : out;
+}
+// The rows of x of fp_qmm_wgmma's blocks for M rows.
+constexpr int wgmma_x_rows(int M) {
+  return M <= kWgmmaFewXRows ? kWgmmaFewXRows : kWgmmaXRows;
 }
 
 // qvm (x @ W, W (K, N) grouped along N): each lane owns kQvmColumns

@@ -64,93 +64,52 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[n]) {
   }
 }
 
-// d (64 x 128 float32, the warpgroup's fragments) += a (64 x 16 bfloat16,
-// registers) * b (16 x 128 bfloat16, K-major in shared memory), or = when
-// `accumulate` is false. Inline asm takes its operands as a literal list.
-__device__ __forceinline__ void wgmma_m64n128k16(
-    float (&d)[64], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+// d (64 x n float32, the warpgroup's fragments) += a (64 x 16 bfloat16,
+// registers) * b (16 x n bfloat16, K-major in shared memory), or = when
+// `accumulate` is false; n is 64 or 128. Inline asm takes its operands as a
+// literal list: FPQMM_WGMMA_D8 names 8 of d.
+#define FPQMM_WGMMA_D8(i)                                               \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]),           \
+      "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+template <int n>
+__device__ __forceinline__ void wgmma_m64nk16(
+    float (&d)[n / 2], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+  static_assert(n == 64 || n == 128);
 #if FPQMM_SM90A
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
-      "%15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, "
-      "%29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
-      "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
-      "%57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]),
-        "+f"(d[1]),
-        "+f"(d[2]),
-        "+f"(d[3]),
-        "+f"(d[4]),
-        "+f"(d[5]),
-        "+f"(d[6]),
-        "+f"(d[7]),
-        "+f"(d[8]),
-        "+f"(d[9]),
-        "+f"(d[10]),
-        "+f"(d[11]),
-        "+f"(d[12]),
-        "+f"(d[13]),
-        "+f"(d[14]),
-        "+f"(d[15]),
-        "+f"(d[16]),
-        "+f"(d[17]),
-        "+f"(d[18]),
-        "+f"(d[19]),
-        "+f"(d[20]),
-        "+f"(d[21]),
-        "+f"(d[22]),
-        "+f"(d[23]),
-        "+f"(d[24]),
-        "+f"(d[25]),
-        "+f"(d[26]),
-        "+f"(d[27]),
-        "+f"(d[28]),
-        "+f"(d[29]),
-        "+f"(d[30]),
-        "+f"(d[31]),
-        "+f"(d[32]),
-        "+f"(d[33]),
-        "+f"(d[34]),
-        "+f"(d[35]),
-        "+f"(d[36]),
-        "+f"(d[37]),
-        "+f"(d[38]),
-        "+f"(d[39]),
-        "+f"(d[40]),
-        "+f"(d[41]),
-        "+f"(d[42]),
-        "+f"(d[43]),
-        "+f"(d[44]),
-        "+f"(d[45]),
-        "+f"(d[46]),
-        "+f"(d[47]),
-        "+f"(d[48]),
-        "+f"(d[49]),
-        "+f"(d[50]),
-        "+f"(d[51]),
-        "+f"(d[52]),
-        "+f"(d[53]),
-        "+f"(d[54]),
-        "+f"(d[55]),
-        "+f"(d[56]),
-        "+f"(d[57]),
-        "+f"(d[58]),
-        "+f"(d[59]),
-        "+f"(d[60]),
-        "+f"(d[61]),
-        "+f"(d[62]),
-        "+f"(d[63])
-      : "r"(a[0]),
-        "r"(a[1]),
-        "r"(a[2]),
-        "r"(a[3]),
-        "l"(b),
-        "r"(int(accumulate)));
+  if constexpr (n == 128) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, "
+        "%4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, "
+        "%33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "
+        "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, "
+        "%61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : FPQMM_WGMMA_D8(0),
+          FPQMM_WGMMA_D8(8),
+          FPQMM_WGMMA_D8(16),
+          FPQMM_WGMMA_D8(24),
+          FPQMM_WGMMA_D8(32),
+          FPQMM_WGMMA_D8(40),
+          FPQMM_WGMMA_D8(48),
+          FPQMM_WGMMA_D8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, "
+        "%4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : FPQMM_WGMMA_D8(0),
+          FPQMM_WGMMA_D8(8),
+          FPQMM_WGMMA_D8(16),
+          FPQMM_WGMMA_D8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+  }
 #endif
 }
+#undef FPQMM_WGMMA_D8
 
 // An mbarrier that one arrival (with the bytes it expects) and the bulk
 // copies' completed bytes complete, phase by phase.

@@ -496,9 +496,29 @@ int main() {
           wide.x_tiles->kernel == "fpqmm_wgmma_tile_x_e2m1" &&
           wide.x_tiles->grid[0] == 2 * 4096 / 128 &&
           wide.x_tiles_bytes == int64_t(256) * 4096 * 2 &&
-          wide.main.shared_bytes == fpqmm::cuda::wgmma_shared_bytes(4, 2) &&
+          wide.main.shared_bytes ==
+              fpqmm::cuda::wgmma_shared_bytes(4, 2, 128) &&
           wide.main.shared_bytes <= 227 * 1024,
       "wgmma 256 rows: " + wide.main.kernel);
+  // Up to 64 rows, blocks of 64 rows of x (wgmma's N 64), which read the
+  // first half of x's tiles of 128 rows.
+  auto few_rows = auto_plan(problem(Mode::mxfp4, true, 64, 14336, 4096), h200);
+  check(
+      few_rows.path == cu::KernelPath::wgmma &&
+          few_rows.main.kernel == "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x64_w128" &&
+          few_rows.main.grid[0] == 112 && few_rows.main.grid[1] == 1 && few_rows.x_tiles &&
+          few_rows.x_tiles->grid[0] == 4096 / 128 &&
+          few_rows.x_tiles_bytes == int64_t(128) * 4096 * 2 &&
+          few_rows.main.shared_bytes == fpqmm::cuda::wgmma_shared_bytes(4, 1, 64) &&
+          few_rows.main.shared_bytes <= 227 * 1024,
+      "wgmma 64 rows: " + few_rows.main.kernel);
+  auto split = auto_plan(problem(Mode::mxfp8, true, 200, 4096, 4096), h200);
+  check(
+      split.path == cu::KernelPath::wgmma &&
+          split.main.kernel == "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x128_w128" &&
+          split.main.grid[1] == 2 * split.split_k &&
+          split.x_tiles->grid[0] == 2 * 4096 / 64,
+      "wgmma 200 rows: " + split.main.kernel);
   // Above 48 rows, whatever the codes and N.
   auto path_at = [&](Mode mode, int M, int N) {
     return auto_plan(problem(mode, true, M, N, 4096), h200).path;
