@@ -216,16 +216,14 @@ def test_bfloat16_gather_takes_block_tiles(pairs, kernel):
     "pairs, kernel",
     [
         (32 * 48 - 1, "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x32"),
-        (32 * 48, "fpqmm_qmm_wgmma_grouped_e2m1_e8m0_bfloat16_x64_w256"),
-        (32 * 64, "fpqmm_qmm_wgmma_grouped_e2m1_e8m0_bfloat16_x64_w256"),
-        (32 * 64 + 1, "fpqmm_qmm_wgmma_grouped_e2m1_e8m0_bfloat16_x128_w256"),
+        (32 * 48, "fpqmm_qmm_wgmma_grouped_e2m1_e8m0_bfloat16_x128_w256"),
         (32 * 2048 * 4, "fpqmm_qmm_wgmma_grouped_e2m1_e8m0_bfloat16_x128_w256"),
     ],
 )
 def test_bfloat16_gather_takes_wgmma_on_hopper(pairs, kernel):
-    """bfloat16 x on sm_90: Hopper's warpgroup MMA over runs of up to 64 pairs (up to
-    64 pairs an expert on average) or 128 from 48 pairs an expert, whose x a first
-    launch gathers into tiles; never dequantize + gather_mm by default."""
+    """bfloat16 x on sm_90: Hopper's warpgroup MMA over runs of up to 128 pairs from
+    48 pairs an expert, whose x a first launch gathers into tiles; never dequantize +
+    gather_mm by default."""
     plan = gather_path(pairs, dtype=mx.bfloat16)
     assert plan["path"] == "grouped", plan["note"]
     assert plan["kernel"] == kernel

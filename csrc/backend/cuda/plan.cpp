@@ -361,20 +361,13 @@ void add_grouping(int64_t runs, KernelPlan& plan) {
   plan.grouping_bytes = fc::grouping_scratch_bytes(runs, plan.batch_count);
 }
 
-// fp_qmm_wgmma_grouped's runs of pairs (its rows of x a block), from the
-// pairs an expert on average.
-int grouped_wgmma_x_rows(const QmmProblem& p) {
-  return fc::wgmma_x_rows(static_cast<int>(std::min<int64_t>(
-      ceil_div(p.batch_count(), std::max(p.w_matrices, 1)), fc::kWgmmaXRows)));
-}
-
-// Whether the grouped path multiplies with fp_qmm_wgmma_grouped: on sm_90
-// from kWgmmaGroupRows rows an expert, or on request, where it runs.
+// Whether the grouped path multiplies with fp_qmm_wgmma_grouped (runs of
+// kWgmmaXRows pairs): on sm_90 from kWgmmaGroupRows rows an expert, or on
+// request, where it runs.
 bool grouped_wgmma(
     const QmmProblem& p, const CudaDevice& device, KernelRequest request) {
   const int64_t pairs = p.batch_count();
-  const int64_t runs =
-      fc::max_pair_runs(pairs, p.w_matrices, grouped_wgmma_x_rows(p));
+  const int64_t runs = fc::max_pair_runs(pairs, p.w_matrices, fc::kWgmmaXRows);
   return wgmma_common_reason(p, device, wgmma_x_tiles_bytes(p, runs)).empty() &&
          (request == KernelRequest::wgmma ||
           (request != KernelRequest::tiled &&
@@ -389,7 +382,7 @@ void plan_grouped_wgmma(
     const Format& format,
     const CudaDevice& device,
     KernelPlan& plan) {
-  plan.run_rows = grouped_wgmma_x_rows(p);
+  plan.run_rows = fc::kWgmmaXRows;
   const int64_t runs =
       fc::max_pair_runs(plan.batch_count, p.w_matrices, plan.run_rows);
   plan.max_runs = static_cast<int>(runs);
@@ -409,7 +402,7 @@ void plan_grouped_wgmma(
        static_cast<int>(std::min<int64_t>(runs, kMaxGridYZ)),
        1},
       {fc::kWgmmaThreads, 1, 1},
-      fc::wgmma_shared_bytes(format.bits, plan.key.w_tiles, plan.run_rows)};
+      fc::wgmma_shared_bytes(format.bits, plan.key.w_tiles, fc::kWgmmaXRows)};
   add_grouping(runs, plan);
   plan.x_tiles = grid_stride_launch(
       "fpqmm_wgmma_tile_x_grouped_" + std::string(codes_name(format.bits)),

@@ -229,10 +229,9 @@ KernelRequest kernel_request_from_env();
 // thread block cluster, sm_90), fp_qmv_grouped<T, bits, encoding, x_blocks>
 // (x_blocks 1 or kMaxXBlocks), fp_qmm<T, bits, encoding> and fp_qmm_grouped<T,
 // bits, encoding> (x_blocks kQmmSmallXBlocks or kQmmLargeXBlocks; T bfloat16 or
-// float16), fp_qmm_wgmma<bits, encoding, w_tiles, x_rows> (w_tiles 1 or 2)
-// and fp_qmm_wgmma_grouped<bits, encoding, 2, x_rows> (bfloat16 x; x_blocks
-// x_rows / 8: wgmma_x_rows of the rows, or of the pairs an expert) or
-// FpDequantize's
+// float16), fp_qmm_wgmma<bits, encoding, w_tiles, x_rows> (w_tiles 1 or 2,
+// x_blocks x_rows / 8: wgmma_x_rows of M) and fp_qmm_wgmma_grouped<bits,
+// encoding, 2> (x_blocks kWgmmaXRows / 8; bfloat16 x) or FpDequantize's
 // fp_dequantize<T, bits, encoding> (T the output's type, x_blocks 0).
 enum class KernelFamily {
   qmv,

@@ -508,22 +508,24 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
 #endif
 }
 
-// fp_qmm_wgmma over the runs of fp_group_pairs (grid y walks them; runs of
-// up to x_rows pairs), whose x fp_wgmma_tile_x_grouped has gathered into
-// tiles: each block multiplies a run's rows of x by its expert's rows of W.
-template <int bits, int encoding, int tiles, int x_rows>
+// fp_qmm_wgmma over the runs of fp_group_pairs (grid y walks them), whose x
+// fp_wgmma_tile_x_grouped has gathered into tiles: each block multiplies a
+// run's rows of x by its expert's rows of W. (Blocks of 64 rows of x, in
+// runs of up to 64 pairs, were measured slower at 64 pairs an expert: more
+// experts take two runs.)
+template <int bits, int encoding, int tiles>
 __global__ void __launch_bounds__(kWgmmaThreads, 1)
     fp_qmm_wgmma_grouped(const QmmArgs args) {
 #if FPQMM_SM90A
   extern __shared__ uint4 shared_words[];
   auto* shared = reinterpret_cast<uint8_t*>(shared_words);
-  init_wgmma_barriers<bits, tiles, x_rows>(shared);
+  init_wgmma_barriers<bits, tiles, kWgmmaXRows>(shared);
   int ring = 0;
   const int n0 = blockIdx.x * wgmma_rows_per_block(tiles);
   grouped_runs<__nv_bfloat16, bits, encoding>(
       args,
       [&](const auto& op, const GatheredRows& rows, int count, uint32_t run) {
-        fp_qmm_wgmma_impl<bits, encoding, tiles, x_rows>(
+        fp_qmm_wgmma_impl<bits, encoding, tiles, kWgmmaXRows>(
             args,
             op,
             shared,

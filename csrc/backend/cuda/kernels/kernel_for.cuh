@@ -133,10 +133,8 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
         case KernelFamily::qmm_wgmma_grouped:
           if constexpr (std::is_same_v<T, __nv_bfloat16>) {
             if (key.family == KernelFamily::qmm_wgmma_grouped) {
-              with_wgmma_x_rows(key.x_blocks, [&](auto x_rows) {
-                kernel = reinterpret_cast<const void*>(
-                    &fp_qmm_wgmma_grouped<bits, encoding, 2, x_rows>);
-              });
+              kernel = reinterpret_cast<const void*>(
+                  &fp_qmm_wgmma_grouped<bits, encoding, 2>);
             } else {
               with_wgmma_tiles(key.w_tiles, [&](auto tiles) {
                 with_wgmma_x_rows(key.x_blocks, [&](auto x_rows) {
