@@ -96,8 +96,8 @@ def test_decode_takes_wide_blocks_where_they_half_fill_the_gpu(n, kernel, grid, 
 @pytest.mark.parametrize(
     "M, expected, kernel",
     [
-        (48, "tiled", "fpqmm_qmm_e2m1_e8m0_bfloat16_x32"),
-        (49, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x64_w128"),
+        (16, "qmv", "fpqmm_qmv_e2m1_e8m0_bfloat16_x16"),
+        (17, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x64_w128"),
         (64, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x64_w128"),
         (65, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w128"),
         (512, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w128"),
@@ -105,7 +105,7 @@ def test_decode_takes_wide_blocks_where_they_half_fill_the_gpu(n, kernel, grid, 
     ],
 )
 def test_hopper_rows_take_wgmma(M, expected, kernel):
-    """bfloat16 x on sm_90: Hopper's warpgroup MMA past 48 rows up to 512 (blocks of
+    """bfloat16 x on sm_90: Hopper's warpgroup MMA past the decode rows up to 512 (blocks of
     64 rows of x up to 64 rows, then 128), after a launch that lays x out in its
     tiles of 128 rows; dequantize + matmul past them."""
     plan = path((M, K), dtype=mx.bfloat16)

@@ -97,12 +97,13 @@ inline constexpr int kQmmGroupedLargeRows = 64;
 // empty when it can.
 std::string tiled_reason(const QmmProblem& problem);
 
-// The rows of x per W matrix from which (above kWgmmaMinRows) and up to
-// which fp_qmm_wgmma takes a product where it runs (more rows: dequantize
-// + matmul). Measured on the H200 (README, "wgmma" and the first session of
-// 2026-12-04): at 32 rows fp_qmm_wgmma wins alone for E2M1 codes at 14336 x
-// 4096 but loses through MLX (its x-tiling kernel is a second launch).
-inline constexpr int kWgmmaMinRows = 48;
+// The rows of x per W matrix from which (above kWgmmaMinRows: every row
+// count past the decode range) and up to which fp_qmm_wgmma takes a product
+// where it runs (more rows: dequantize + matmul). Measured on the H200
+// through MLX (README, "Fourth session of 2026-12-04"): with its blocks of
+// 64 rows of x, fp_qmm_wgmma beats fp_qmm from 24 rows at 14336 x 4096 and
+// 4096 x 4096 (at 17 to 23 rows both take as long as at 24).
+inline constexpr int kWgmmaMinRows = kDecodeRows;
 inline constexpr int kWgmmaMaxRows = 512;
 // Why fp_qmm_wgmma cannot take `problem` on `device` (sm_90, x @ W^T of one
 // matrix of W, bfloat16 x, K a multiple of the stage, N of 8, and what

@@ -253,12 +253,12 @@ int main() {
           ampere.reduction &&
           ampere.reduction->kernel == "fpqmm_split_k_sum_bfloat16",
       "sm_80: partials and their reduction");
-  // x rows: 9..16 take two x blocks, more fp_qmm's block tiles (128 W rows
-  // by 32 x rows, 64 past kQmmSmallRows), or where fp_qmm does not run
-  // (float32 x) the simple path.
+  // x rows: 9..16 take two x blocks, more (where wgmma does not run: sm_80)
+  // fp_qmm's block tiles (128 W rows by 32 x rows, 64 past kQmmSmallRows), or
+  // where fp_qmm does not run (float32 x) the simple path.
   auto m12 = auto_plan(problem(Mode::nvfp4, true, 12, 14336, 4096), h200);
   check(m12.main.kernel == "fpqmm_qmv_e2m1_e4m3_bfloat16_x16", m12.main.kernel);
-  auto m40 = auto_plan(problem(Mode::mxfp8, true, 40, 14336, 4096), h200);
+  auto m40 = auto_plan(problem(Mode::mxfp8, true, 40, 14336, 4096), a100);
   check(
       m40.path == cu::KernelPath::tiled &&
           m40.main.kernel == "fpqmm_qmm_e4m3_e8m0_bfloat16_x32" &&
@@ -519,17 +519,17 @@ int main() {
           split.main.grid[1] == 2 * split.split_k &&
           split.x_tiles->grid[0] == 2 * 4096 / 64,
       "wgmma 200 rows: " + split.main.kernel);
-  // Above 48 rows, whatever the codes and N.
+  // Past the decode rows, whatever the codes and N.
   auto path_at = [&](Mode mode, int M, int N) {
     return auto_plan(problem(mode, true, M, N, 4096), h200).path;
   };
   check(
-      path_at(Mode::mxfp4, 48, 14336) == cu::KernelPath::tiled &&
-          path_at(Mode::mxfp4, 49, 14336) == cu::KernelPath::wgmma &&
-          path_at(Mode::mxfp8, 48, 14336) == cu::KernelPath::tiled &&
-          path_at(Mode::mxfp8, 49, 14336) == cu::KernelPath::wgmma &&
-          path_at(Mode::mxfp4, 48, 4096) == cu::KernelPath::tiled &&
-          path_at(Mode::mxfp4, 49, 4096) == cu::KernelPath::wgmma,
+      path_at(Mode::mxfp4, 16, 14336) == cu::KernelPath::qmv &&
+          path_at(Mode::mxfp4, 17, 14336) == cu::KernelPath::wgmma &&
+          path_at(Mode::mxfp8, 16, 14336) == cu::KernelPath::qmv &&
+          path_at(Mode::mxfp8, 17, 14336) == cu::KernelPath::wgmma &&
+          path_at(Mode::mxfp4, 16, 4096) == cu::KernelPath::qmv &&
+          path_at(Mode::mxfp4, 17, 4096) == cu::KernelPath::wgmma,
       "wgmma's first rows");
   auto small_grid =
       auto_plan(problem(Mode::mxfp8, true, 128, 4096, 14336), h200);
@@ -566,7 +566,7 @@ int main() {
               cu::kTiledRows,
       "wgmma's rows, then dequantize + matmul");
   check(
-      auto_plan(rows(cu::kWgmmaMinRows), h200).path == cu::KernelPath::tiled &&
+      auto_plan(rows(cu::kWgmmaMinRows), h200).path == cu::KernelPath::qmv &&
           auto_plan(rows(cu::kWgmmaMinRows + 1), h200).path ==
               cu::KernelPath::wgmma &&
           auto_plan(rows(cu::kWgmmaMinRows + 1), a100).path ==
