@@ -828,7 +828,8 @@ KernelPlan plan(
       format.bits,
       scale_encoding(p.mode, p.scale_type),
       p.x_type,
-      family == KernelFamily::qmm_wgmma ? fc::wgmma_x_rows(p.M) / fc::kXBlockRows
+      family == KernelFamily::qmm_wgmma
+          ? fc::wgmma_x_rows(p.M) / fc::kXBlockRows
       : family == KernelFamily::qmm || transposed_decode ? x_blocks
                                                          : 0};
   if (family == KernelFamily::qmm_wgmma) {

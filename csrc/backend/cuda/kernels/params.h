@@ -204,7 +204,7 @@ constexpr int wgmma_x_tile_bytes(int bits, int x_rows = kWgmmaXRows) {
 }
 constexpr int wgmma_stage_bytes(int bits, int tiles, int x_rows) {
   return wgmma_x_tile_bytes(bits, x_rows) +
-      wgmma_rows_per_block(tiles) * kWgmmaWRowBytes;
+         wgmma_rows_per_block(tiles) * kWgmmaWRowBytes;
 }
 constexpr int wgmma_stages(int bits, int tiles, int x_rows) {
   const int fit = kWgmmaSharedBudget / wgmma_stage_bytes(bits, tiles, x_rows);
@@ -217,7 +217,7 @@ constexpr int wgmma_out_pitch(int tiles) {
 }
 constexpr int wgmma_shared_bytes(int bits, int tiles, int x_rows) {
   const int stages = wgmma_stages(bits, tiles, x_rows) *
-      (wgmma_stage_bytes(bits, tiles, x_rows) + 8);
+                     (wgmma_stage_bytes(bits, tiles, x_rows) + 8);
   const int out = x_rows * wgmma_out_pitch(tiles);
   return stages > out ? stages : out;
 }

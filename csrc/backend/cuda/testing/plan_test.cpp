@@ -505,11 +505,13 @@ int main() {
   auto few_rows = auto_plan(problem(Mode::mxfp4, true, 64, 14336, 4096), h200);
   check(
       few_rows.path == cu::KernelPath::wgmma &&
-          few_rows.main.kernel == "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x64_w128" &&
-          few_rows.main.grid[0] == 112 && few_rows.main.grid[1] == 1 && few_rows.x_tiles &&
-          few_rows.x_tiles->grid[0] == 4096 / 128 &&
+          few_rows.main.kernel ==
+              "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x64_w128" &&
+          few_rows.main.grid[0] == 112 && few_rows.main.grid[1] == 1 &&
+          few_rows.x_tiles && few_rows.x_tiles->grid[0] == 4096 / 128 &&
           few_rows.x_tiles_bytes == int64_t(128) * 4096 * 2 &&
-          few_rows.main.shared_bytes == fpqmm::cuda::wgmma_shared_bytes(4, 1, 64) &&
+          few_rows.main.shared_bytes ==
+              fpqmm::cuda::wgmma_shared_bytes(4, 1, 64) &&
           few_rows.main.shared_bytes <= 227 * 1024,
       "wgmma 64 rows: " + few_rows.main.kernel);
   auto split = auto_plan(problem(Mode::mxfp8, true, 200, 4096, 4096), h200);
