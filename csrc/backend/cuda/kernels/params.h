@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "common/scale_encoding.h"
 
@@ -221,6 +222,22 @@ constexpr int wgmma_shared_bytes(int bits, int tiles, int x_rows) {
   const int out = x_rows * wgmma_out_pitch(tiles);
   return stages > out ? stages : out;
 }
+// Every block of fp_qmm_wgmma fits the shared memory that sm_90 grants a
+// block (227 KiB).
+inline constexpr int kSm90SharedBytes = 227 * 1024;
+constexpr bool wgmma_blocks_fit() {
+  for (int bits : {4, 8}) {
+    for (int tiles : {1, 2}) {
+      for (int x_rows : {kWgmmaFewXRows, kWgmmaXRows}) {
+        if (wgmma_shared_bytes(bits, tiles, x_rows) > kSm90SharedBytes) {
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+static_assert(wgmma_blocks_fit());
 // The rows of x of fp_qmm_wgmma's blocks for M rows.
 constexpr int wgmma_x_rows(int M) {
   return M <= kWgmmaFewXRows ? kWgmmaFewXRows : kWgmmaXRows;

@@ -1004,18 +1004,24 @@ void bench(const std::string& only) {
       return;
     }
     // The floor beside the plan's kernel: a streaming read of as many bytes
-    // from the same copies, launched as often.
-    const int64_t floor_vectors = (weight_bytes + scale_bytes) / 16;
+    // (W's and its scales' together) from as many copies of them in the
+    // pool, none overlapping the next, each read by one launch.
+    const int64_t floor_vectors = (weight_bytes + scale_bytes + 15) / 16;
+    const int64_t floor_set = (16 * floor_vectors + 255) / 256 * 256;
+    const int floor_copies = int((kPool + (64 << 20)) / floor_set);
+    if (floor_copies < 2) {
+      return;
+    }
     const int floor_blocks =
         int(std::min<int64_t>(device.sm_count * 8, (floor_vectors + 511) / 512));
     const double floor_us = time_us(
         [&] {
-          for (int i = 0; i < copies; ++i) {
+          for (int i = 0; i < floor_copies; ++i) {
             read_bandwidth_kernel<<<floor_blocks, 512>>>(
-                (const uint4*)(pool + i * set_w), floor_vectors, sink);
+                (const uint4*)(pool + i * floor_set), floor_vectors, sink);
           }
         },
-        copies);
+        floor_copies);
     const double floor_gbs = (weight_bytes + scale_bytes) / floor_us / 1e3;
     std::printf("%-44s %10.2f %9.0f %5.0f%%  read_bandwidth_kernel\n", (label + " floor").c_str(),
                 floor_us, floor_gbs, 100.0 * floor_gbs / read_gbs);

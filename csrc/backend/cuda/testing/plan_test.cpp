@@ -484,7 +484,7 @@ int main() {
               .path == cu::KernelPath::wgmma,
       "the primitive of many rows plans wgmma on sm_90");
 
-  // wgmma (sm_90, bfloat16 x): from kWgmmaMinRows rows to kWgmmaMaxRows,
+  // wgmma (sm_90, bfloat16 x): above kWgmmaMinRows rows to kWgmmaMaxRows,
   // then dequantize + matmul; 256 W rows a block where those blocks half
   // fill the GPU, else 128 and split K where even those would not.
   // An mxfp4 plan of x @ W^T (K = 4096) by fp_qmm_wgmma: its kernel, grid,
@@ -589,7 +589,7 @@ int main() {
               cu::KernelPath::wgmma &&
           auto_plan(rows(cu::kWgmmaMinRows + 1), a100).path ==
               cu::KernelPath::tiled,
-      "wgmma from kWgmmaMinRows rows, on sm_90 only");
+      "wgmma above kWgmmaMinRows rows, on sm_90 only");
   const std::pair<QmmProblem, std::string> not_wgmma[] = {
       {rows(256, FloatType::float16), "float16 x"},
       {problem(Mode::mxfp4, true, 256, 4100, 4096), "N=4100"},
