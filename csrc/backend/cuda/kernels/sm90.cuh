@@ -67,10 +67,12 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[n]) {
 // d (64 x n float32, the warpgroup's fragments) += a (64 x 16 bfloat16,
 // registers) * b (16 x n bfloat16, K-major in shared memory), or = when
 // `accumulate` is false; n is 64 or 128. Inline asm takes its operands as a
-// literal list: FPQMM_WGMMA_D8 names 8 of d.
-#define FPQMM_WGMMA_D8(i)                                               \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]),           \
-      "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+// literal list: FPQMM_WGMMA_D8 names 8 of d, FPQMM_WGMMA_IN the inputs.
+#define FPQMM_WGMMA_D8(i)                                                     \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+      "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FPQMM_WGMMA_IN \
+  "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate))
 template <int n>
 __device__ __forceinline__ void wgmma_m64nk16(
     float (&d)[n / 2], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
@@ -79,12 +81,13 @@ __device__ __forceinline__ void wgmma_m64nk16(
   if constexpr (n == 128) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, "
-        "%4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, "
-        "%33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "
-        "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, "
-        "%61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
+        "%15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, "
+        "%29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
+        "%57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
         : FPQMM_WGMMA_D8(0),
           FPQMM_WGMMA_D8(8),
           FPQMM_WGMMA_D8(16),
@@ -93,22 +96,24 @@ __device__ __forceinline__ void wgmma_m64nk16(
           FPQMM_WGMMA_D8(40),
           FPQMM_WGMMA_D8(48),
           FPQMM_WGMMA_D8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+        : FPQMM_WGMMA_IN);
   } else {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, "
-        "%4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
+        "%15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, "
+        "%29, %30, %31}, "
         "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
         : FPQMM_WGMMA_D8(0),
           FPQMM_WGMMA_D8(8),
           FPQMM_WGMMA_D8(16),
           FPQMM_WGMMA_D8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+        : FPQMM_WGMMA_IN);
   }
 #endif
 }
+#undef FPQMM_WGMMA_IN
 #undef FPQMM_WGMMA_D8
 
 // An mbarrier that one arrival (with the bytes it expects) and the bulk

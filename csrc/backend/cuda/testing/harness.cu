@@ -944,6 +944,24 @@ void bench(const std::string& only) {
   fill_kernel<<<256, 256>>>((uint32_t*)x, (256 << 20) / 4, 7, 0x3F1F3F1Fu, 0x3C003C00u);
   fill_kernel<<<1, 256>>>((uint32_t*)global_scale, 256, 0, 0, 0x44FA0000u);  // 2000.0
 
+  // Best time (us) of `count` launches, launch(i) each, per launch.
+  auto time_copies = [](int count, auto&& launch) {
+    return time_us(
+        [&] {
+          for (int i = 0; i < count; ++i) {
+            launch(i);
+          }
+        },
+        count);
+  };
+  // A bench row: `bytes` read in `us`, beside the read bandwidth.
+  auto print_row = [&](const std::string& label, double us, int64_t bytes,
+                       const std::string& kernel) {
+    const double gbs = bytes / us / 1e3;
+    std::printf("%-44s %10.2f %9.0f %5.0f%%  %s\n", label.c_str(), us, gbs,
+                100.0 * gbs / read_gbs, kernel.c_str());
+  };
+
   auto run_dense = [&](const std::string& label, QmmProblem problem,
                        const std::vector<uint32_t>* lhs, const std::vector<uint32_t>* rhs,
                        int64_t weight_bytes, int64_t scale_bytes, int64_t set_w, int64_t set_s,
@@ -983,19 +1001,14 @@ void bench(const std::string& only) {
     if (plan.x_split_bytes > 0) {
       CHECK_CUDA(cudaMalloc(&d.x_parts, plan.x_split_bytes));
     }
-    const double us = time_us(
-        [&] {
-          for (int i = 0; i < copies; ++i) {
-            d.w = pool + i * set_w;
-            d.scales = scale_pool + i * set_s;
-            run_plan(plan, problem, d);
-          }
-        },
-        copies);
-    const double gbs = (weight_bytes + scale_bytes) / us / 1e3;
-    std::printf("%-44s %10.2f %9.0f %5.0f%%  %s split=%d%s\n", label.c_str(), us, gbs,
-                100.0 * gbs / read_gbs, plan.main.kernel.c_str(), plan.split_k,
-                plan.splits_in_cluster ? " (cluster)" : "");
+    const double us = time_copies(copies, [&](int i) {
+      d.w = pool + i * set_w;
+      d.scales = scale_pool + i * set_s;
+      run_plan(plan, problem, d);
+    });
+    print_row(label, us, weight_bytes + scale_bytes,
+              plan.main.kernel + " split=" + std::to_string(plan.split_k) +
+                  (plan.splits_in_cluster ? " (cluster)" : ""));
     cudaFree(indices);
     cudaFree(d.scratch);
     cudaFree(d.x_tiles);
@@ -1014,32 +1027,20 @@ void bench(const std::string& only) {
     }
     const int floor_blocks =
         int(std::min<int64_t>(device.sm_count * 8, (floor_vectors + 511) / 512));
-    const double floor_us = time_us(
-        [&] {
-          for (int i = 0; i < floor_copies; ++i) {
-            read_bandwidth_kernel<<<floor_blocks, 512>>>(
-                (const uint4*)(pool + i * floor_set), floor_vectors, sink);
-          }
-        },
-        floor_copies);
-    const double floor_gbs = (weight_bytes + scale_bytes) / floor_us / 1e3;
-    std::printf("%-44s %10.2f %9.0f %5.0f%%  read_bandwidth_kernel\n", (label + " floor").c_str(),
-                floor_us, floor_gbs, 100.0 * floor_gbs / read_gbs);
+    const double floor_us = time_copies(floor_copies, [&](int i) {
+      read_bandwidth_kernel<<<floor_blocks, 512>>>(
+          (const uint4*)(pool + i * floor_set), floor_vectors, sink);
+    });
+    print_row(label + " floor", floor_us, weight_bytes + scale_bytes, "read_bandwidth_kernel");
     const int64_t row_vectors = weight_bytes / problem.N / 16;
     if (lhs || !problem.transpose || problem.batch_count() != 1 || row_vectors % 4 != 0) {
       return;
     }
-    const double rows_us = time_us(
-        [&] {
-          for (int i = 0; i < copies; ++i) {
-            read_rows_kernel<<<(problem.N + 31) / 32, 128>>>(
-                (const uint4*)(pool + i * set_w), problem.N, int(row_vectors), sink);
-          }
-        },
-        copies);
-    const double rows_gbs = weight_bytes / rows_us / 1e3;
-    std::printf("%-44s %10.2f %9.0f %5.0f%%  read_rows_kernel\n", (label + " floor rows").c_str(),
-                rows_us, rows_gbs, 100.0 * rows_gbs / read_gbs);
+    const double rows_us = time_copies(copies, [&](int i) {
+      read_rows_kernel<<<(problem.N + 31) / 32, 128>>>(
+          (const uint4*)(pool + i * set_w), problem.N, int(row_vectors), sink);
+    });
+    print_row(label + " floor rows", rows_us, weight_bytes, "read_rows_kernel");
   };
 
   // fp_qmv's narrow blocks beside the wide ones that the plan takes: planned
