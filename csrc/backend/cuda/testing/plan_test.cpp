@@ -487,49 +487,45 @@ int main() {
   // wgmma (sm_90, bfloat16 x): above kWgmmaMinRows rows to kWgmmaMaxRows,
   // then dequantize + matmul; 256 W rows a block where those blocks half
   // fill the GPU, else 128 and split K where even those would not.
-  // An mxfp4 plan of x @ W^T (K = 4096) by fp_qmm_wgmma: its kernel, grid,
-  // x's tiles (of 128 rows) and shared memory.
-  auto wgmma_plan_is = [](const cu::KernelPlan& plan,
-                          const std::string& kernel,
-                          int column_blocks,
-                          int m_blocks,
-                          int x_tiles,
-                          int w_tiles,
-                          int x_rows) {
-    return plan.path == cu::KernelPath::wgmma && plan.main.kernel == kernel &&
-           plan.main.grid[0] == column_blocks &&
-           plan.main.grid[1] == m_blocks && plan.split_k == 1 && plan.x_tiles &&
-           plan.x_tiles->kernel == "fpqmm_wgmma_tile_x_e2m1" &&
-           plan.x_tiles->grid[0] == x_tiles * 4096 / 128 &&
-           plan.x_tiles_bytes == int64_t(x_tiles) * 128 * 4096 * 2 &&
-           plan.main.shared_bytes ==
-               fpqmm::cuda::wgmma_shared_bytes(4, w_tiles, x_rows) &&
-           plan.main.shared_bytes <= 227 * 1024;
+  // mxfp4 14336 x 4096 by fp_qmm_wgmma: its kernel, grid, x's tiles (of 128
+  // rows) and shared memory. Up to 64 rows, blocks of 64 rows of x (wgmma's
+  // N 64), which read the first half of x's tiles.
+  struct WgmmaCase {
+    int M;
+    std::string kernel;
+    int column_blocks, m_blocks, x_tiles, w_tiles, x_rows;
   };
-  auto wide = auto_plan(problem(Mode::mxfp4, true, 256, 14336, 4096), h200);
-  check(
-      wgmma_plan_is(
-          wide,
-          "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w256",
-          56,
-          2,
-          2,
-          2,
-          128),
-      "wgmma 256 rows: " + wide.main.kernel);
-  // Up to 64 rows, blocks of 64 rows of x (wgmma's N 64), which read the
-  // first half of x's tiles of 128 rows.
-  auto few_rows = auto_plan(problem(Mode::mxfp4, true, 64, 14336, 4096), h200);
-  check(
-      wgmma_plan_is(
-          few_rows,
-          "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x64_w128",
-          112,
-          1,
-          1,
-          1,
-          64),
-      "wgmma 64 rows: " + few_rows.main.kernel);
+  for (const auto& c : {
+           WgmmaCase{
+               256,
+               "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w256",
+               56,
+               2,
+               2,
+               2,
+               128},
+           WgmmaCase{
+               64,
+               "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x64_w128",
+               112,
+               1,
+               1,
+               1,
+               64},
+       }) {
+    auto plan = auto_plan(problem(Mode::mxfp4, true, c.M, 14336, 4096), h200);
+    check(
+        plan.path == cu::KernelPath::wgmma && plan.main.kernel == c.kernel &&
+            plan.main.grid[0] == c.column_blocks &&
+            plan.main.grid[1] == c.m_blocks && plan.split_k == 1 &&
+            plan.x_tiles && plan.x_tiles->kernel == "fpqmm_wgmma_tile_x_e2m1" &&
+            plan.x_tiles->grid[0] == c.x_tiles * 4096 / 128 &&
+            plan.x_tiles_bytes == int64_t(c.x_tiles) * 128 * 4096 * 2 &&
+            plan.main.shared_bytes ==
+                fpqmm::cuda::wgmma_shared_bytes(4, c.w_tiles, c.x_rows) &&
+            plan.main.shared_bytes <= 227 * 1024,
+        "wgmma " + std::to_string(c.M) + " rows: " + plan.main.kernel);
+  }
   auto split = auto_plan(problem(Mode::mxfp8, true, 200, 4096, 4096), h200);
   check(
       split.path == cu::KernelPath::wgmma &&
