@@ -131,8 +131,8 @@ bool half_fills(int64_t blocks, int resident, const CudaDevice& device) {
 
 // Split K where the blocks alone would not fill the GPU: where fewer than
 // half the blocks that run at once (`resident` per SM), up to about that
-// many, each split at least `min_step` codes of K (a multiple of
-// `step_multiple`). The partial sums cost 8 bytes per output and split
+// many (`one_wave`: no more than run at once), each split at least
+// `min_step` codes of K (a multiple of `step_multiple`). The partial sums cost 8 bytes per output and split
 // (written, read back) and a second kernel, so fuller grids are not split
 // (measured on the H200: fp_qmv on 448 blocks of 14336 x 4096 takes longer
 // split in 4 than not, on 256 of 4096 x 4096 9.1 us unsplit against 12.8
@@ -144,14 +144,16 @@ void plan_split_k(
     int resident,
     int step_multiple,
     int min_step,
-    KernelPlan& plan) {
+    KernelPlan& plan,
+    bool one_wave = false) {
   plan.split_k = 1;
   plan.split_k_step = p.K;
   if (blocks == 0 || half_fills(blocks, resident, device) ||
       p.K < 2 * min_step) {
     return;
   }
-  const int64_t wanted = ceil_div(resident_slots(device, resident), blocks);
+  const int64_t slots = resident_slots(device, resident);
+  const int64_t wanted = one_wave ? slots / blocks : ceil_div(slots, blocks);
   const int64_t splits = std::min(wanted, int64_t(p.K / min_step));
   const int64_t step = round_up(ceil_div(p.K, splits), step_multiple);
   const int64_t actual = ceil_div(p.K, step);
@@ -939,6 +941,8 @@ KernelPlan plan(
           plan);
       break;
     case KernelFamily::qmm_wgmma:
+      // Whole waves: a wgmma block's splits are long, and a second wave's
+      // few blocks would take as long as the first.
       plan_split_k(
           p,
           device,
@@ -946,7 +950,8 @@ KernelPlan plan(
           1,
           fc::wgmma_stage_codes(format.bits),
           kWgmmaMinSplitStages * fc::wgmma_stage_codes(format.bits),
-          plan);
+          plan,
+          true);
       break;
     case KernelFamily::qmm:
       plan_split_k(

@@ -146,8 +146,15 @@ __global__ void __launch_bounds__(kWgmmaTileXThreads)
   }
 }
 
-// wgmma steps in flight, each with its A fragments in registers.
-inline constexpr int kWgmmaInFlight = 2;
+// The wgmma steps whose A fragments a warpgroup decodes at once, then
+// multiplies in one commit group while it decodes the next batch: half a
+// stage for one tile of W (more independent decodes for the schedulers to
+// interleave), one step for two tiles (whose registers the accumulators of
+// 128 rows of x fill).
+template <int bits>
+__host__ __device__ constexpr int wgmma_batch_steps(int tiles) {
+  return tiles == 1 ? wgmma_stage_codes(bits) / kStepCodes / 2 : 1;
+}
 
 // W rows [n0, n0 + wgmma_rows_per_block(tiles)) times x rows [m0, m0 +
 // x_rows) of M (x's tiles: those of m block x_tile, from its row x_first)
@@ -192,7 +199,8 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   constexpr int stage_bytes = wgmma_stage_bytes(bits, tiles, x_rows);
   constexpr int x_bytes_max = wgmma_x_tile_bytes(bits, x_rows);
   constexpr int accumulators = x_rows / 2;
-  static_assert(steps % kWgmmaInFlight == 0 && ahead >= 1);
+  constexpr int batch = wgmma_batch_steps<bits>(tiles);
+  static_assert(steps / batch % 2 == 0 && ahead >= 1);
   static_assert(block_rows * 4 % kWgmmaThreads == 0);
   static_assert(x_rows * wgmma_out_pitch(tiles) <= stages * stage_bytes);
 
@@ -271,9 +279,10 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   };
 
   // Set by the first wgmma (accumulate false): defining them with other
-  // instructions would make ptxas serialize the wgmmas (C7515).
+  // instructions would make ptxas serialize the wgmmas (C7515). Batches of
+  // steps alternate between the two halves of a.
   float acc[tiles][accumulators];
-  uint32_t a[kWgmmaInFlight][tiles][4];
+  uint32_t a[2][batch][tiles][4];
 
   load_scales(0);
 #pragma unroll
@@ -286,7 +295,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   for (int s = 0; s < stage_count; ++s) {
     wait_async<ahead - 1>();
     // Stage s's W has landed for every thread, and every warpgroup has at
-    // most kWgmmaInFlight - 1 (< steps) steps of stage s - 1 in flight,
+    // most one batch (of at most half a stage) of stage s - 1 in flight,
     // hence is done with stage s - 2, whose slot the next copies fill.
     __syncthreads();
     if (s + ahead < stage_count) {
@@ -332,28 +341,32 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
         sm90::kmajor_descriptor(sm90::shared_address(at), Tile::lbo, Tile::sbo);
 
 #pragma unroll
-    for (int j = 0; j < steps; ++j) {
-      uint32_t(&aj)[tiles][4] = a[j % kWgmmaInFlight];
-      const int word = j / steps_per_word;
+    for (int b = 0; b < steps / batch; ++b) {
+      uint32_t(&ab)[batch][tiles][4] = a[b % 2];
       auto decode = [&](auto two_constant) {
         constexpr bool two_steps = decltype(two_constant)::value;
 #pragma unroll
-        for (int i = 0; i < tiles; ++i) {
+        for (int jb = 0; jb < batch; ++jb) {
+          const int j = b * batch + jb;
+          const int word = j / steps_per_word;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const Multipliers& m = multipliers[i][h][word * groups / 4];
-            const uint32_t code_word =
-                reinterpret_cast<const uint32_t*>(&words[i][h])[word];
+          for (int i = 0; i < tiles; ++i) {
 #pragma unroll
-            for (int q = 0; q < 2; ++q) {
-              Bf16Pair pair = __hmul2(
-                  pair_from_bits<Bf16Pair>(code_pair_bits<T, bits>(
-                      code_word, 2 * (j % steps_per_word) + q)),
-                  pair_from_bits<Bf16Pair>(m.first));
-              if constexpr (two_steps) {
-                pair = __hmul2(pair, pair_from_bits<Bf16Pair>(m.second));
+            for (int h = 0; h < 2; ++h) {
+              const Multipliers& m = multipliers[i][h][word * groups / 4];
+              const uint32_t code_word =
+                  reinterpret_cast<const uint32_t*>(&words[i][h])[word];
+#pragma unroll
+              for (int q = 0; q < 2; ++q) {
+                Bf16Pair pair = __hmul2(
+                    pair_from_bits<Bf16Pair>(code_pair_bits<T, bits>(
+                        code_word, 2 * (j % steps_per_word) + q)),
+                    pair_from_bits<Bf16Pair>(m.first));
+                if constexpr (two_steps) {
+                  pair = __hmul2(pair, pair_from_bits<Bf16Pair>(m.second));
+                }
+                ab[jb][i][2 * q + h] = bits_of(pair);
               }
-              aj[i][2 * q + h] = bits_of(pair);
             }
           }
         }
@@ -366,26 +379,33 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
       // Step j's x: core-matrix columns 2j, 2j + 1 (256 bytes on).
       sm90::wgmma_fence();
 #pragma unroll
-      for (int i = 0; i < tiles; ++i) {
-        sm90::fence_registers(acc[i]);
-        sm90::wgmma_m64nk16<x_rows>(
-            acc[i], aj[i], descriptor + uint64_t(16 * j), s > 0 || j > 0);
-        sm90::fence_registers(acc[i]);
+      for (int jb = 0; jb < batch; ++jb) {
+#pragma unroll
+        for (int i = 0; i < tiles; ++i) {
+          const int j = b * batch + jb;
+          sm90::fence_registers(acc[i]);
+          sm90::wgmma_m64nk16<x_rows>(
+              acc[i], ab[jb][i], descriptor + uint64_t(16 * j), s > 0 || j > 0);
+          sm90::fence_registers(acc[i]);
+        }
       }
       sm90::wgmma_commit();
-      // The step kWgmmaInFlight - 1 back is done, and its A registers free.
-      // The last step waits for every wgmma: ptxas moved the epilogue's
-      // reads of the accumulators above a wait that followed the loop.
-      if (s == stage_count - 1 && j == steps - 1) {
+      // The batch before is done, and its A registers free. The last batch
+      // waits for every wgmma: ptxas moved the epilogue's reads of the
+      // accumulators above a wait that followed the loop.
+      if (s == stage_count - 1 && b == steps / batch - 1) {
         sm90::wgmma_wait<0>();
       } else {
-        sm90::wgmma_wait<kWgmmaInFlight - 1>();
+        sm90::wgmma_wait<1>();
       }
-      // The next step's registers stay allocated until the wait that
-      // retires the wgmma that reads them.
+      // The next batch's registers stay allocated until the wait that
+      // retires the wgmmas that read them.
 #pragma unroll
-      for (int i = 0; i < tiles; ++i) {
-        sm90::fence_registers(a[(j + 1) % kWgmmaInFlight][i]);
+      for (int jb = 0; jb < batch; ++jb) {
+#pragma unroll
+        for (int i = 0; i < tiles; ++i) {
+          sm90::fence_registers(a[(b + 1) % 2][jb][i]);
+        }
       }
     }
   }
