@@ -533,6 +533,13 @@ int main() {
           split.main.grid[1] == 2 * split.split_k &&
           split.x_tiles->grid[0] == 2 * 4096 / 64,
       "wgmma 200 rows: " + split.main.kernel);
+  // Split K in whole waves: 32 blocks of mxfp8 4096 x 4096 in 4 splits (128
+  // blocks for 132 SMs), not 5 (160: a second wave of 28).
+  auto wave = auto_plan(problem(Mode::mxfp8, true, 32, 4096, 4096), h200);
+  check(
+      wave.path == cu::KernelPath::wgmma && wave.main.grid[0] == 32 &&
+          wave.split_k == 4 && wave.main.grid[1] == 4,
+      "wgmma splits in one wave: split_k " + std::to_string(wave.split_k));
   // Past the decode rows, whatever the codes and N.
   auto path_at = [&](Mode mode, int M, int N) {
     return auto_plan(problem(mode, true, M, N, 4096), h200).path;
