@@ -228,6 +228,21 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   };
   auto slot_of = [&](int s) { return (ring + s) % stages; };
 
+  // This thread's 16-byte units of W in the block's rows: their bytes in the
+  // first stage (stage s is s kWgmmaWRowBytes on), and their first code,
+  // k_end for rows past N (never in).
+  constexpr int units = block_rows * 4 / kWgmmaThreads;
+  const uint8_t* w_unit[units];
+  int unit_k[units];
+#pragma unroll
+  for (int c = 0; c < units; ++c) {
+    const int u = threadIdx.x + c * kWgmmaThreads;
+    const int n = n0 + u / 4;
+    const int k = k_begin + u % 4 * lane_codes;
+    unit_k[c] = n < N ? k : k_end;
+    w_unit[c] = w_bytes + (n < N ? n * w_row_bytes + k * bits / 8 : 0);
+  }
+
   // Stage s's x tile (one bulk copy) and rows of W (a 16-byte unit each per
   // thread and copy, rows past N and codes past k_end zero).
   auto issue = [&](int s) {
@@ -243,14 +258,11 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
           barrier);
     }
 #pragma unroll
-    for (int c = 0; c < block_rows * 4 / kWgmmaThreads; ++c) {
-      const int u = threadIdx.x + c * kWgmmaThreads;
-      const int n = n0 + u / 4;
-      const int k = k_begin + s * codes + u % 4 * lane_codes;
-      const bool in = n < N && k < k_end;
+    for (int c = 0; c < units; ++c) {
+      const bool in = unit_k[c] + s * codes < k_end;
       copy_async<16>(
-          at + x_bytes_max + 16 * u,
-          in ? w_bytes + n * w_row_bytes + k * bits / 8 : w_bytes,
+          at + x_bytes_max + 16 * (threadIdx.x + c * kWgmmaThreads),
+          in ? w_unit[c] + s * kWgmmaWRowBytes : w_bytes,
           in ? 16 : 0);
     }
   };
@@ -258,6 +270,15 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   // The scales of this lane's codes of stage s, loaded a stage ahead; zero
   // past k_end, where the codes are zero (a lane's codes are all in or all
   // out: rows of W are whole 16-byte vectors).
+  const S* scale_rows[tiles][2];
+#pragma unroll
+  for (int i = 0; i < tiles; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      scale_rows[i][h] =
+          op.scales + min(n0 + w_row(i, h), N - 1) * scales_per_row;
+    }
+  }
   S stored[tiles][2][groups];
   auto load_scales = [&](int s) {
     const int k = k_begin + s * codes + lane.thread * lane_codes;
@@ -265,14 +286,12 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
     for (int i = 0; i < tiles; ++i) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t n = min(n0 + w_row(i, h), N - 1);
 #pragma unroll
         for (int g = 0; g < groups; ++g) {
           stored[i][h][g] =
-              k < k_end ? op.scales
-                              [n * scales_per_row +
-                               ((k + g * lane_codes / groups) >> group_shift)]
-                        : S{};
+              k < k_end
+                  ? scale_rows[i][h][(k + g * lane_codes / groups) >> group_shift]
+                  : S{};
         }
       }
     }
