@@ -132,11 +132,11 @@ bool half_fills(int64_t blocks, int resident, const CudaDevice& device) {
 // Split K where the blocks alone would not fill the GPU: where fewer than
 // half the blocks that run at once (`resident` per SM), up to about that
 // many (`one_wave`: no more than run at once), each split at least
-// `min_step` codes of K (a multiple of `step_multiple`). The partial sums cost 8 bytes per output and split
-// (written, read back) and a second kernel, so fuller grids are not split
-// (measured on the H200: fp_qmv on 448 blocks of 14336 x 4096 takes longer
-// split in 4 than not, on 256 of 4096 x 4096 9.1 us unsplit against 12.8
-// split in 3).
+// `min_step` codes of K (a multiple of `step_multiple`). The partial sums cost
+// 8 bytes per output and split (written, read back) and a second kernel, so
+// fuller grids are not split (measured on the H200: fp_qmv on 448 blocks of
+// 14336 x 4096 takes longer split in 4 than not, on 256 of 4096 x 4096 9.1 us
+// unsplit against 12.8 split in 3).
 void plan_split_k(
     const QmmProblem& p,
     const CudaDevice& device,

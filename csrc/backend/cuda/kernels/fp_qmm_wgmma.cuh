@@ -290,7 +290,8 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
         for (int g = 0; g < groups; ++g) {
           stored[i][h][g] =
               k < k_end
-                  ? scale_rows[i][h][(k + g * lane_codes / groups) >> group_shift]
+                  ? scale_rows[i][h]
+                              [(k + g * lane_codes / groups) >> group_shift]
                   : S{};
         }
       }
