@@ -1,0 +1,85 @@
+"""Host time to build one decoding step's graph, per token, through mlx-lm.
+
+    python tools/graph_build_cost.py [--layers 32] [--steps 50]
+
+A Llama model of Llama-3-8B's depth but small widths (the graph is the same
+size; the arrays are small, so evaluating each step stays cheap), with
+bfloat16 weights, MLX's mxfp4 layers (``mlx.nn.quantize``) and mlx_fpqmm's
+(``mlx_fpqmm.convert`` of the same), each called on one token with a KV cache:
+the median time of the call alone, before its graph is evaluated. Where a
+decoding GPU waits on the host, this bounds the tokens per second.
+"""
+
+import argparse
+import statistics
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import cache, llama
+
+import mlx_fpqmm
+
+
+def small_llama(layers: int) -> nn.Module:
+    mx.random.seed(0)
+    args = llama.ModelArgs.from_dict(
+        dict(
+            model_type="llama",
+            hidden_size=256,
+            num_hidden_layers=layers,
+            intermediate_size=512,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            vocab_size=1024,
+            rope_theta=500000.0,
+            tie_word_embeddings=False,
+        )
+    )
+    model = llama.Model(args)
+    model.set_dtype(mx.bfloat16)
+    mx.eval(model.parameters())
+    return model
+
+
+def quantized(layers: int, ours: bool) -> nn.Module:
+    model = small_llama(layers)
+    nn.quantize(model, group_size=32, bits=4, mode="mxfp4")
+    if ours:
+        mlx_fpqmm.convert(model)
+    mx.eval(model.parameters())
+    return model
+
+
+def build_us(model: nn.Module, steps: int) -> float:
+    """Median microseconds to build one token's graph."""
+    kv = cache.make_prompt_cache(model)
+    mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=kv))
+    token = mx.array([[5]])
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        logits = model(token, cache=kv)
+        times.append(time.perf_counter() - start)
+        mx.eval(logits)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=50)
+    args = parser.parse_args()
+    models = {
+        "bfloat16": small_llama(args.layers),
+        "MLX mxfp4": quantized(args.layers, ours=False),
+        "mlx_fpqmm mxfp4": quantized(args.layers, ours=True),
+    }
+    for round_ in (1, 2):
+        cells = (f"{name} {build_us(model, args.steps):.0f}" for name, model in models.items())
+        print(f"round {round_}, us a token:", ", ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
