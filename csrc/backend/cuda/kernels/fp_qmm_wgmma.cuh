@@ -492,6 +492,8 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
               : nans;
     }
   }
+  // A block's next tile of the grid bulk-copies x over `out`.
+  sm90::fence_proxy_async();
 }
 
 // The block's mbarriers (one a slot of the ring), before its first stage.

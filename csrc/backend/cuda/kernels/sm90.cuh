@@ -151,6 +151,14 @@ __device__ __forceinline__ void barrier_wait(
 #endif
 }
 
+// Orders this thread's earlier accesses of shared memory before later
+// accesses by the async proxy (bulk copies, wgmma) of the same bytes.
+__device__ __forceinline__ void fence_proxy_async() {
+#if FPQMM_SM90A
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // `bytes` (a multiple of 16) from device memory to shared memory, both
 // 16-byte aligned, by the copy engine; completes on `barrier`.
 __device__ __forceinline__ void bulk_copy(
