@@ -131,6 +131,9 @@ struct Case {
   std::optional<cu::KernelRequest> request;
   bool as_sm80 = false;  // planned as for sm_80 (split K through partials)
   int as_sms = 0;        // planned as for a GPU of this many SMs (0: this one's)
+  // The main launch's grid y cut to the plan's splits of K, so that each
+  // block loops over the row blocks of x (as grids past 65,535 blocks do).
+  bool looped_grid = false;
 };
 
 struct HostProblem {
@@ -467,7 +470,10 @@ cu::KernelFamily planned_family(const Case& c) {
 
 bool run_case(const Case& c, std::mt19937& rng) {
   HostProblem h = make_problem(c, rng);
-  const cu::KernelPlan plan = plan_case(c, h.problem);
+  cu::KernelPlan plan = plan_case(c, h.problem);
+  if (c.looped_grid) {
+    plan.main.grid[1] = plan.split_k;
+  }
   DeviceProblem d;
   d.w = upload(h.w);
   d.scales = upload(h.scales);
@@ -767,6 +773,13 @@ std::vector<Case> test_cases() {
       c.global_scale = m.mode == Mode::nvfp4;
       c.request = cu::KernelRequest::wgmma;
       cases.push_back(c);
+      // Blocks that take several row blocks of x in turn (the ring's stages
+      // and barrier phases carried over, the output staging reused).
+      if (M > 128) {
+        c.name += " looped";
+        c.looped_grid = true;
+        cases.push_back(c);
+      }
     }
     // K with a partial last stage (128 E2M1 or 64 E4M3 codes a stage), and
     // the grouped gather: several runs of 128 pairs an expert.
