@@ -855,7 +855,7 @@ std::vector<Case> test_cases() {
 
 // ---- Benchmark ----
 
-// The same reads in fp_qmv_wide's order: a block of 4 warps a 32 rows, each
+// The same reads in fp_qmv_wide's order: a block of 4 warps per 32 rows, each
 // lane's 4 rows (lane / 4 + 8 i) 16 bytes at a time, a warp's pass 64 bytes
 // of each row, the warps' passes interleaved.
 __global__ void read_rows_kernel(const uint4* data, int rows, int row_vectors, uint32_t* out) {
