@@ -65,11 +65,13 @@ void with_wgmma_tiles(int tiles, F&& f) {
   }
 }
 
-// fp_qmm_wgmma's rows of x a block (x_blocks of 8): kWgmmaFewXRows or
-// kWgmmaXRows.
+// fp_qmm_wgmma's rows of x a block (x_blocks of 8): kWgmmaFewestXRows,
+// kWgmmaFewXRows or kWgmmaXRows.
 template <typename F>
 void with_wgmma_x_rows(int x_blocks, F&& f) {
-  if (x_blocks * kXBlockRows == kWgmmaFewXRows) {
+  if (x_blocks * kXBlockRows == kWgmmaFewestXRows) {
+    f(Int<kWgmmaFewestXRows>{});
+  } else if (x_blocks * kXBlockRows == kWgmmaFewXRows) {
     f(Int<kWgmmaFewXRows>{});
   } else if (x_blocks * kXBlockRows == kWgmmaXRows) {
     f(Int<kWgmmaXRows>{});

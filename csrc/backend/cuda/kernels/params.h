@@ -178,18 +178,19 @@ constexpr int qmm_shared_bytes(
 // shared memory). A block of kWgmmaWarpgroups warpgroups multiplies
 // wgmma_rows_per_block(tiles) rows of W (tiles of 64 rows a warpgroup)
 // with x_rows rows of x (wgmma's N: kWgmmaXRows, or fewer for few rows,
-// kWgmmaFewXRows, where the MMA would otherwise multiply rows that are not
-// there). A stage is 64 bytes of each W row (wgmma_stage_codes), staged by
-// cp.async, and x's values over the same codes, which a first kernel
-// (fp_wgmma_tile_x) has laid out in device memory as the stage's
-// shared-memory tile of kWgmmaXRows rows (in groups of 8 rows, so that the
-// first x_rows of a tile are a tile of x_rows), so that one bulk copy loads
+// kWgmmaFewXRows or kWgmmaFewestXRows, where the MMA would otherwise
+// multiply rows that are not there). A stage is 64 bytes of each W row
+// (wgmma_stage_codes), staged by cp.async, and x's values over the same codes,
+// which a first kernel (fp_wgmma_tile_x) has laid out in device memory as the
+// stage's shared-memory tile of kWgmmaXRows rows (in groups of 8 rows, so that
+// the first x_rows of a tile are a tile of x_rows), so that one bulk copy loads
 // it.
 inline constexpr int kWgmmaWarpgroups = 2;
 inline constexpr int kWgmmaThreads = kWgmmaWarpgroups * 128;
 inline constexpr int kWgmmaTileRows = 64;  // wgmma's M
 inline constexpr int kWgmmaXRows = 128;    // wgmma's N, and x's tiles
 inline constexpr int kWgmmaFewXRows = 64;
+inline constexpr int kWgmmaFewestXRows = 32;
 inline constexpr int kWgmmaWRowBytes = 64;
 inline constexpr int kWgmmaSharedBudget = 200 * 1024;
 inline constexpr int kWgmmaTileXThreads =
@@ -228,7 +229,7 @@ inline constexpr int kSm90SharedBytes = 227 * 1024;
 constexpr bool wgmma_blocks_fit() {
   for (int bits : {4, 8}) {
     for (int tiles : {1, 2}) {
-      for (int x_rows : {kWgmmaFewXRows, kWgmmaXRows}) {
+      for (int x_rows : {kWgmmaFewestXRows, kWgmmaFewXRows, kWgmmaXRows}) {
         if (wgmma_shared_bytes(bits, tiles, x_rows) > kSm90SharedBytes) {
           return false;
         }
@@ -240,7 +241,9 @@ constexpr bool wgmma_blocks_fit() {
 static_assert(wgmma_blocks_fit());
 // The rows of x of fp_qmm_wgmma's blocks for M rows.
 constexpr int wgmma_x_rows(int M) {
-  return M <= kWgmmaFewXRows ? kWgmmaFewXRows : kWgmmaXRows;
+  return M <= kWgmmaFewestXRows ? kWgmmaFewestXRows
+         : M <= kWgmmaFewXRows  ? kWgmmaFewXRows
+                                : kWgmmaXRows;
 }
 
 // qvm (x @ W, W (K, N) grouped along N): each lane owns kQvmColumns

@@ -66,7 +66,7 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[n]) {
 
 // d (64 x n float32, the warpgroup's fragments) += a (64 x 16 bfloat16,
 // registers) * b (16 x n bfloat16, K-major in shared memory), or = when
-// `accumulate` is false; n is 64 or 128. Inline asm takes its operands as a
+// `accumulate` is false; n is 32, 64 or 128. Inline asm takes its operands as a
 // literal list: FPQMM_WGMMA_D8 names 8 of d, FPQMM_WGMMA_IN the inputs.
 #define FPQMM_WGMMA_D8(i)                                                     \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
@@ -76,7 +76,7 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[n]) {
 template <int n>
 __device__ __forceinline__ void wgmma_m64nk16(
     float (&d)[n / 2], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-  static_assert(n == 64 || n == 128);
+  static_assert(n == 32 || n == 64 || n == 128);
 #if FPQMM_SM90A
   if constexpr (n == 128) {
     asm volatile(
@@ -97,7 +97,7 @@ __device__ __forceinline__ void wgmma_m64nk16(
           FPQMM_WGMMA_D8(48),
           FPQMM_WGMMA_D8(56)
         : FPQMM_WGMMA_IN);
-  } else {
+  } else if constexpr (n == 64) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
@@ -109,6 +109,15 @@ __device__ __forceinline__ void wgmma_m64nk16(
           FPQMM_WGMMA_D8(8),
           FPQMM_WGMMA_D8(16),
           FPQMM_WGMMA_D8(24)
+        : FPQMM_WGMMA_IN);
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
+        "%15}, "
+        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : FPQMM_WGMMA_D8(0), FPQMM_WGMMA_D8(8)
         : FPQMM_WGMMA_IN);
   }
 #endif

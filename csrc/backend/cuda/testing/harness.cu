@@ -761,13 +761,16 @@ std::vector<Case> test_cases() {
   }
   // fp_qmm_wgmma (sm_90): x rows past M in the last tile of 128, W rows past
   // N, K split over a small grid, blocks of 256 W rows on a large one; and
-  // blocks of 64 rows of x (up to 64 rows), past M and split.
+  // blocks of 64 rows of x (up to 64 rows) and of 32 (up to 32), past M and
+  // split.
   for (const auto& m : kModes) {
     for (auto [M, N, K] : {std::array<int, 3>{200, 136, 512},
                            std::array<int, 3>{128, 256, 8192},
                            std::array<int, 3>{512, 4352, 256},
                            std::array<int, 3>{40, 136, 512},
-                           std::array<int, 3>{64, 256, 8192}}) {
+                           std::array<int, 3>{64, 256, 8192},
+                           std::array<int, 3>{24, 136, 512},
+                           std::array<int, 3>{32, 256, 8192}}) {
       Case c{name(m, "bf16", true, M, N, K, " wgmma"), m.mode, m.group_size,
              FloatType::bfloat16, m.scale_type, true, M, N, K};
       c.global_scale = m.mode == Mode::nvfp4;

@@ -489,7 +489,7 @@ int main() {
   // fill the GPU, else 128 and split K where even those would not.
   // mxfp4 14336 x 4096 by fp_qmm_wgmma: its kernel, grid, x's tiles (of 128
   // rows) and shared memory. Up to 64 rows, blocks of 64 rows of x (wgmma's
-  // N 64), which read the first half of x's tiles.
+  // N 64), which read the first half of x's tiles; up to 32, of 32.
   struct WgmmaCase {
     int M;
     std::string kernel;
@@ -512,6 +512,14 @@ int main() {
                1,
                1,
                64},
+           WgmmaCase{
+               32,
+               "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x32_w128",
+               112,
+               1,
+               1,
+               1,
+               32},
        }) {
     auto plan = auto_plan(problem(Mode::mxfp4, true, c.M, 14336, 4096), h200);
     check(
