@@ -272,6 +272,8 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   // The scales of this lane's codes of stage s, loaded a stage ahead; zero
   // past k_end, where the codes are zero (a lane's codes are all in or all
   // out: rows of W are whole 16-byte vectors).
+  // Through L1, where the next stages of a row find them (the
+  // streaming loads of W's own pass were measured much slower here).
   const S* scale_rows[tiles][2];
 #pragma unroll
   for (int i = 0; i < tiles; ++i) {
@@ -291,11 +293,10 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
 #pragma unroll
         for (int g = 0; g < groups; ++g) {
           stored[i][h][g] =
-              k < k_end
-                  ? load_streaming(
-                        scale_rows[i][h] +
-                        (uint32_t(k + g * lane_codes / groups) >> group_shift))
-                  : S{};
+              k < k_end ? scale_rows[i][h]
+                                    [uint32_t(k + g * lane_codes / groups) >>
+                                     group_shift]
+                        : S{};
         }
       }
     }
