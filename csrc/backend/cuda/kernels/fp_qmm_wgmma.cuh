@@ -159,9 +159,9 @@ __host__ __device__ constexpr int wgmma_batch_steps(int tiles) {
 // W rows [n0, n0 + wgmma_rows_per_block(tiles)) times x rows [m0, m0 +
 // x_rows) of M (x's tiles: those of m block x_tile, from its row x_first)
 // over K range [k_begin, k_end) (k_begin a multiple of the stage) of one
-// product; every thread of the block calls it. `ring` counts the stages that
-// earlier calls of the block passed through the shared-memory ring (the
-// mbarriers' phases); `rows` says where y's rows are (and which are NaN).
+// product; every thread of the block calls it. `ring` counts the stages that earlier calls of the block
+// passed through the shared-memory ring (the mbarriers' phases); `rows`
+// says where y's rows are (and which are NaN).
 template <
     int bits,
     int encoding,
@@ -217,8 +217,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   const auto* x_tiles = static_cast<const uint8_t*>(args.x_tiles) +
                         x_tile * wgmma_stage_count<bits>(K) * Tile::bytes +
                         wgmma_x_tile_prefix<bits>(x_first);
-  const uint32_t shared_base = sm90::shared_address(shared);
-  const uint32_t barriers = shared_base + stages * stage_bytes;
+  const uint32_t barriers = sm90::shared_address(shared + stages * stage_bytes);
   const uint32_t x_bytes = wgmma_x_tile_prefix<bits>(M - m0, x_rows);
 
   // This lane's W rows in the block: tile i, half h.
@@ -226,42 +225,40 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
     return (warpgroup * tiles + i) * kWgmmaTileRows + warp * kTileRows + h * 8 +
            lane.group;
   };
-  // (Unsigned: a power-of-two ring's slot and phase are a mask and a shift.)
-  auto slot_of = [&](int s) { return uint32_t(ring + s) % stages; };
-  auto phase_of = [&](int s) { return uint32_t(ring + s) / stages % 2; };
+  auto slot_of = [&](int s) { return (ring + s) % stages; };
 
   // This thread's 16-byte units of W in the block's rows: their bytes in the
-  // first stage (stage s is s kWgmmaWRowBytes on), and the stages they are
-  // in (none for rows past N).
+  // first stage (stage s is s kWgmmaWRowBytes on), and their first code,
+  // k_end for rows past N (never in).
   constexpr int units = block_rows * 4 / kWgmmaThreads;
   const uint8_t* w_unit[units];
-  int unit_stages[units];
+  int unit_k[units];
 #pragma unroll
   for (int c = 0; c < units; ++c) {
     const int u = threadIdx.x + c * kWgmmaThreads;
     const int n = n0 + u / 4;
     const int k = k_begin + u % 4 * lane_codes;
-    unit_stages[c] = n < N ? (k_end - k + codes - 1) / codes : 0;
+    unit_k[c] = n < N ? k : k_end;
     w_unit[c] = w_bytes + (n < N ? n * w_row_bytes + k * bits / 8 : 0);
   }
 
   // Stage s's x tile (one bulk copy) and rows of W (a 16-byte unit each per
   // thread and copy, rows past N and codes past k_end zero).
   auto issue = [&](int s) {
-    const uint32_t slot = slot_of(s);
+    const int slot = slot_of(s);
     uint8_t* at = shared + slot * stage_bytes;
     if (threadIdx.x == 0) {
       const uint32_t barrier = barriers + 8 * slot;
       sm90::barrier_expect(barrier, x_bytes);
       sm90::bulk_copy(
-          shared_base + slot * stage_bytes,
+          sm90::shared_address(at),
           x_tiles + int64_t(first_stage + s) * Tile::bytes,
           x_bytes,
           barrier);
     }
 #pragma unroll
     for (int c = 0; c < units; ++c) {
-      const bool in = s < unit_stages[c];
+      const bool in = unit_k[c] + s * codes < k_end;
       copy_async<16>(
           at + x_bytes_max + 16 * (threadIdx.x + c * kWgmmaThreads),
           in ? w_unit[c] + s * kWgmmaWRowBytes : w_bytes,
@@ -272,8 +269,6 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   // The scales of this lane's codes of stage s, loaded a stage ahead; zero
   // past k_end, where the codes are zero (a lane's codes are all in or all
   // out: rows of W are whole 16-byte vectors).
-  // Through L1, where the next stages of a row find them (the
-  // streaming loads of W's own pass were measured much slower here).
   const S* scale_rows[tiles][2];
 #pragma unroll
   for (int i = 0; i < tiles; ++i) {
@@ -293,10 +288,10 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
 #pragma unroll
         for (int g = 0; g < groups; ++g) {
           stored[i][h][g] =
-              k < k_end ? scale_rows[i][h]
-                                    [uint32_t(k + g * lane_codes / groups) >>
-                                     group_shift]
-                        : S{};
+              k < k_end
+                  ? scale_rows[i][h]
+                              [(k + g * lane_codes / groups) >> group_shift]
+                  : S{};
         }
       }
     }
@@ -327,7 +322,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
     }
     commit_async();
 
-    const uint32_t slot = slot_of(s);
+    const int slot = slot_of(s);
     const uint8_t* at = shared + slot * stage_bytes;
     uint4 words[tiles][2];
     GroupScale<encoding> scales[tiles][2][groups];
@@ -352,17 +347,17 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
     // The warp decodes in two multiplies where any of its lanes needs them
     // (warp-uniform; the wgmma stays outside the branch).
     two = kMayNeedTwoSteps<encoding> && __any_sync(0xFFFFFFFFu, two);
-    // One step's multipliers here; two steps', the rare case, in their
-    // branch (computed in both, the predicated instructions would cost every
-    // stage their issue slots).
-    uint32_t one_step[tiles][2][groups];
+    Multipliers multipliers[tiles][2][groups];
     for_each_group<tiles, groups>([&](int i, int h, int g) {
-      one_step[i][h][g] =
-          one_step_multiplier<__nv_bfloat16, bits, encoding>(scales[i][h][g]);
+      multipliers[i][h][g] =
+          two ? multipliers_for<__nv_bfloat16, bits, encoding, true>(
+                    scales[i][h][g])
+              : multipliers_for<__nv_bfloat16, bits, encoding, false>(
+                    scales[i][h][g]);
     });
-    sm90::barrier_wait(barriers + 8 * slot, phase_of(s));
-    const uint64_t descriptor = sm90::kmajor_descriptor(
-        shared_base + slot * stage_bytes, Tile::lbo, Tile::sbo);
+    sm90::barrier_wait(barriers + 8 * slot, (ring + s) / stages % 2);
+    const uint64_t descriptor =
+        sm90::kmajor_descriptor(sm90::shared_address(at), Tile::lbo, Tile::sbo);
 
 #pragma unroll
     for (int b = 0; b < steps / batch; ++b) {
@@ -377,11 +372,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
           for (int i = 0; i < tiles; ++i) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              const int g = word * groups / 4;
-              const Multipliers m =
-                  two_steps
-                      ? two_step_multipliers<bits, encoding>(scales[i][h][g])
-                      : Multipliers{one_step[i][h][g], 0};
+              const Multipliers& m = multipliers[i][h][word * groups / 4];
               const uint32_t code_word =
                   reinterpret_cast<const uint32_t*>(&words[i][h])[word];
 #pragma unroll
