@@ -14,17 +14,23 @@ sequence, one forward pass of each model: the positions where the greedy tokens
 differ and, of those, the ones MLX's logits separate by more than two bfloat16
 ulps (a real disagreement, not a tie).
 With ``--prefill N`` each model's line also gives prefill tokens per second: one
-forward pass over an N-token prompt (the best of three).
-Meant for a GPU; on a CPU use ``--layers 2`` to try it.
+forward pass over an N-token prompt (the best of three). Each line also splits a
+decoding step (one token, with a KV cache; medians of 16): the host's time to build
+its graph, and the time to evaluate it (the GPU's work, waited for). mlx-lm's
+decoding overlaps the two, so the larger one bounds the tokens per second.
+Meant for a GPU. On a CPU ``--layers 2 --modes ""`` runs the bfloat16 model alone:
+``mlx.nn.quantize`` of even two layers (with the 128K-token embedding and head) took more
+than the 24 GB of this project's CPU machine.
 """
 
 import argparse
+import statistics
 import time
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generate_step
-from mlx_lm.models import llama
+from mlx_lm.models import cache, llama
 
 import mlx_fpqmm
 
@@ -75,6 +81,26 @@ def prefill_rate(model: nn.Module, length: int) -> str:
     return f"  prefill {length / best:8.0f} tokens/s"
 
 
+def step_split(model: nn.Module, steps: int = 16) -> str:
+    """Median host time to build a decoding step's graph and to evaluate it, as text for
+    the model's line."""
+    kv = cache.make_prompt_cache(model)
+    mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=kv))
+    token = mx.array([[5]])
+    build, evaluate = [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        out = model(token, cache=kv)
+        built = time.perf_counter()
+        mx.eval(out)
+        build.append(built - start)
+        evaluate.append(time.perf_counter() - built)
+    return (
+        f"  step: build {statistics.median(build) * 1e3:.2f} ms,"
+        f" evaluate {statistics.median(evaluate) * 1e3:.2f} ms"
+    )
+
+
 def logits(model: nn.Module, tokens: list[int]) -> mx.array:
     """The float32 logits of every position of ``tokens`` (one forward pass)."""
     return model(mx.array(tokens)[None])[0].astype(mx.float32)
@@ -116,10 +142,10 @@ def main() -> None:
     _, rate = decode(model, prompt, args.tokens)
     print(
         f"{'bfloat16':>8} {'':>10} {weight_bytes(model) / 1e9:6.2f} GB {rate:8.1f} tokens/s"
-        f"{prefill_rate(model, args.prefill)}"
+        f"{prefill_rate(model, args.prefill)}{step_split(model)}"
     )
     del model
-    for mode in args.modes.split(","):
+    for mode in filter(None, args.modes.split(",")):
         model = random_model(args.layers)
         nn.quantize(model, mode=mode)
         mx.eval(model.parameters())
@@ -128,7 +154,7 @@ def main() -> None:
         theirs, rate = decode(model, prompt, args.tokens)
         print(
             f"{mode:>8} {'MLX':>10} {size:6.2f} GB {rate:8.1f} tokens/s"
-            f"{prefill_rate(model, args.prefill)}"
+            f"{prefill_rate(model, args.prefill)}{step_split(model)}"
         )
         sequence = [*prompt.tolist(), *theirs]
         reference = logits(model, sequence)
@@ -141,7 +167,7 @@ def main() -> None:
         )
         print(
             f"{mode:>8} {'mlx_fpqmm':>10} {size:6.2f} GB {rate:8.1f} tokens/s"
-            f"{prefill_rate(model, args.prefill)}  "
+            f"{prefill_rate(model, args.prefill)}{step_split(model)}  "
             f"({prefix}/{len(ours)} leading tokens equal MLX's; on MLX's sequence the greedy "
             f"token differs at {differ}/{len(sequence)} positions, {beyond_tie} beyond a "
             f"bfloat16 tie; {report})"
