@@ -159,9 +159,9 @@ __host__ __device__ constexpr int wgmma_batch_steps(int tiles) {
 // W rows [n0, n0 + wgmma_rows_per_block(tiles)) times x rows [m0, m0 +
 // x_rows) of M (x's tiles: those of m block x_tile, from its row x_first)
 // over K range [k_begin, k_end) (k_begin a multiple of the stage) of one
-// product; every thread of the block calls it. `ring` counts the stages that earlier calls of the block
-// passed through the shared-memory ring (the mbarriers' phases); `rows`
-// says where y's rows are (and which are NaN).
+// product; every thread of the block calls it. `ring` counts the stages that
+// earlier calls of the block passed through the shared-memory ring (the
+// mbarriers' phases); `rows` says where y's rows are (and which are NaN).
 template <
     int bits,
     int encoding,
