@@ -81,9 +81,9 @@ def prefill_rate(model: nn.Module, length: int) -> str:
     return f"  prefill {length / best:8.0f} tokens/s"
 
 
-def step_split(model: nn.Module, steps: int = 16) -> str:
-    """Median host time to build a decoding step's graph and to evaluate it, as text for
-    the model's line."""
+def step_times(model: nn.Module, steps: int) -> tuple[list[float], list[float]]:
+    """Seconds a decoding step (one token, with a KV cache) takes to build its graph on the
+    host, and to evaluate it, for each of ``steps`` steps."""
     kv = cache.make_prompt_cache(model)
     mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=kv))
     token = mx.array([[5]])
@@ -95,6 +95,13 @@ def step_split(model: nn.Module, steps: int = 16) -> str:
         mx.eval(out)
         build.append(built - start)
         evaluate.append(time.perf_counter() - built)
+    return build, evaluate
+
+
+def step_split(model: nn.Module, steps: int = 16) -> str:
+    """Median host time to build a decoding step's graph and to evaluate it, as text for
+    the model's line."""
+    build, evaluate = step_times(model, steps)
     return (
         f"  step: build {statistics.median(build) * 1e3:.2f} ms,"
         f" evaluate {statistics.median(evaluate) * 1e3:.2f} ms"

@@ -18,13 +18,18 @@ size, not its values, is timed), which is the host's work on a GPU.
 
 import argparse
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import cache, llama
+from mlx_lm.models import llama
 
 import mlx_fpqmm
+
+# The decoding step's timing loop, shared with the end-to-end example.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from decode_speed import step_times  # noqa: E402
 
 
 def small_llama(layers: int) -> nn.Module:
@@ -60,16 +65,7 @@ def quantized(layers: int, ours: bool) -> nn.Module:
 
 def build_us(model: nn.Module, steps: int) -> float:
     """Median microseconds to build one token's graph."""
-    kv = cache.make_prompt_cache(model)
-    mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=kv))
-    token = mx.array([[5]])
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        logits = model(token, cache=kv)
-        times.append(time.perf_counter() - start)
-        mx.eval(logits)
-    return statistics.median(times) * 1e6
+    return statistics.median(step_times(model, steps)[0]) * 1e6
 
 
 def main() -> None:
