@@ -1,71 +1,67 @@
 """What a decoding product costs through MLX on the GPU, by rows of x.
 
 On a CUDA machine with mlx_fpqmm installed (tools/gpu/check build): per product
-of a graph over >= 1 GB of copies of a 14336 x 4096 mxfp4 matrix (bfloat16 x,
-evaluated first), the host time to build the graph and the time to evaluate it,
-``mlx_fpqmm.quantized_matmul`` beside ``mx.quantized_matmul``, for M = 8, 1, 2,
-4 and again 1 and 8 (order effects), then x of shape (K,) and (1, 1, K), and
-the kernel each runs. Compare with the kernel alone (the harness). Run with
-and without MLX's CUDA graphs:
-``python3 tools/gpu/decode_overhead.py; MLX_USE_CUDA_GRAPHS=0 python3
-tools/gpu/decode_overhead.py``.
+of a graph over >= 1 GB of copies of an N x K mxfp4 matrix (bfloat16 x,
+evaluated first; ``--shape``, default 14336x4096), the host's time to build the
+graph, to encode it (``mx.async_eval``: each primitive's ``eval_gpu``) and the
+wait for the GPU after that, ``mlx_fpqmm.quantized_matmul`` beside
+``mx.quantized_matmul``, for M = 8, 1, 2, 4 and again 1 and 8 (order effects),
+then x of shape (K,) and (1, 1, K), and the kernel each runs. Compare with the
+kernel alone (the harness). A small matrix (``--shape 1024x4096``) leaves the
+GPU waiting on the host, whose encoding is then what a product costs. Run with
+and without MLX's CUDA graphs: ``python3 tools/gpu/decode_overhead.py;
+MLX_USE_CUDA_GRAPHS=0 python3 tools/gpu/decode_overhead.py``.
 """
 
+import argparse
 import os
-import statistics
-import time
 from collections.abc import Callable
 
 import mlx.core as mx
+from step_profile import build_encode_wait, medians_ms
 
 import mlx_fpqmm
 from mlx_fpqmm._bench_gpu import copies, count_for, quantized_weights
 
-N, K, REPS = 14336, 4096, 5
+REPS = 5
 
 Product = Callable[[mx.array, mx.array], mx.array]
 
 
-def build_and_eval_us(
-    product: Product, pairs: list[tuple[mx.array, mx.array]]
-) -> tuple[float, float]:
-    """Median per-product microseconds to build the graph and to evaluate it."""
-    build, evaluate = [], []
-    for _ in range(REPS + 1):  # the first is a warm-up
-        mx.synchronize()
-        start = time.perf_counter()
-        outputs = [product(w, s) for w, s in pairs]
-        built = time.perf_counter()
-        mx.eval(outputs)
-        mx.synchronize()
-        done = time.perf_counter()
-        build.append((built - start) / len(pairs) * 1e6)
-        evaluate.append((done - built) / len(pairs) * 1e6)
-    return statistics.median(build[1:]), statistics.median(evaluate[1:])
+def build_encode_wait_us(product: Product, pairs: list[tuple[mx.array, mx.array]]) -> list[float]:
+    """Median per-product microseconds to build the graph, encode it and wait."""
+    runs = [build_encode_wait(lambda: [product(w, s) for w, s in pairs]) for _ in range(REPS + 1)]
+    return [ms * 1e3 / len(pairs) for ms in medians_ms(runs[1:])]  # the first is a warm-up
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="14336x4096", help="N x K of W")
+    N, K = map(int, parser.parse_args().shape.split("x"))
     w_q, scales = quantized_weights(N, K, "mxfp4")
     count = count_for(w_q.nbytes + scales.nbytes, 1 << 30)
     pairs = list(zip(copies(w_q, count), copies(scales, count), strict=True))
-    print(f"MLX_USE_CUDA_GRAPHS={os.environ.get('MLX_USE_CUDA_GRAPHS')}, {count} products a graph")
+    print(
+        f"{N} x {K}, MLX_USE_CUDA_GRAPHS={os.environ.get('MLX_USE_CUDA_GRAPHS')}, "
+        f"{count} products a graph; build / encode / wait, us a product"
+    )
     for shape in [(8, K), (1, K), (2, K), (4, K), (1, K), (8, K), (K,), (1, 1, K)]:
         x = (mx.random.normal(shape) * 0.5).astype(mx.bfloat16)
         mx.eval(x)
-        ours = build_and_eval_us(
+        ours = build_encode_wait_us(
             lambda w, s, x=x: mlx_fpqmm.quantized_matmul(x, w, s, mode="mxfp4"), pairs
         )
         try:
-            mlx = build_and_eval_us(
+            mlx = build_encode_wait_us(
                 lambda w, s, x=x: mx.quantized_matmul(x, w, s, mode="mxfp4"), pairs
             )
-            theirs = f"build {mlx[0]:5.1f}, eval {mlx[1]:6.1f}"
+            theirs = "{:5.1f} / {:5.1f} / {:6.1f}".format(*mlx)
         except (IndexError, ValueError, RuntimeError) as error:
             # MLX 0.32.4's CUDA kernel raises "SmallVector out of range" on x of shape (K,).
             theirs = f"fails ({type(error).__name__}: {error})"
         plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode="mxfp4", device="cuda")
         print(
-            f"x {str(shape):12s} ours: build {ours[0]:5.1f} us, eval {ours[1]:6.1f} us | "
+            f"x {str(shape):12s} ours: {ours[0]:5.1f} / {ours[1]:5.1f} / {ours[2]:6.1f} | "
             f"mx.quantized_matmul: {theirs} | {plan['kernel']}",
             flush=True,
         )

@@ -6,11 +6,16 @@ Here:    python3 tools/gpu/harness_ab.py prepare main xahead=main+PATCH ...
          with "/" as "-", or name=REV), with the patches after "+" applied
          (tools/gpu/experiments), and MLX's CUDA headers (those that
          tests/test_cuda_build.py caches) to .gpu/ab/include.
+Here:    python3 tools/gpu/harness_ab.py build [NAME...] (optional) builds each
+         tree's harness here, one at a time, into .gpu/ab/<name>/bin/harness.xz,
+         so that the device call spends no time building (nvcc from $NVCC or
+         PATH).
 Device:  python3 tools/gpu/harness_ab.py run --only "14336x4096 M=1 bf16" ...
-         (carry .gpu/ab) builds every tree in parallel, runs `harness --test` of
-         each unless --no-test, then --rounds rounds of `harness --bench --only
-         FILTER` of every tree in turn, until --until seconds, and prints one row
-         a case: each tree's times (us) and the first tree's kernel. Logs go to
+         (carry .gpu/ab) builds every tree that has no prebuilt harness, in
+         parallel, runs `harness --test` of each unless --no-test, then --rounds
+         rounds of `harness --bench --only FILTER` of every tree (or of those
+         --trees names) in turn, until --until seconds, and prints one row a
+         case: each tree's times (us) and the first tree's kernel. Logs go to
          $OUT/harness_ab (or /tmp/harness_ab).
 """
 
@@ -69,6 +74,13 @@ def trees() -> list[Path]:
 
 def build(tree: Path) -> tuple[Path, int]:
     out = Path("/tmp/harness_ab") / tree.name
+    prebuilt = tree / "bin" / "harness.xz"
+    if prebuilt.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "harness", "wb") as binary:
+            done = subprocess.run(["xz", "-dc", str(prebuilt)], stdout=binary)
+        (out / "harness").chmod(0o755)
+        return out / "harness", done.returncode
     script = tree / "csrc" / "backend" / "cuda" / "testing" / "build.sh"
     with open(log_dir() / f"build_{tree.name}.log", "w") as log:
         done = subprocess.run(
@@ -83,11 +95,12 @@ def log_dir() -> Path:
     return path
 
 
-def run(filters: list[str], rounds: int, until: float, test: bool) -> None:
+def run(filters: list[str], rounds: int, until: float, test: bool, only_trees: str) -> None:
     start = time.monotonic()
-    names = [tree.name for tree in trees()]
+    chosen = [t for t in trees() if not only_trees or t.name in only_trees.split(",")]
+    names = [tree.name for tree in chosen]
     with ThreadPoolExecutor(len(names)) as pool:
-        built = dict(zip(names, pool.map(build, trees()), strict=True))
+        built = dict(zip(names, pool.map(build, chosen), strict=True))
     for name, (_, code) in built.items():
         print(f"build {name}: {'ok' if code == 0 else f'failed ({code}), see its log'}")
     binaries = {name: binary for name, (binary, code) in built.items() if code == 0}
@@ -140,16 +153,31 @@ def main() -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     prep = commands.add_parser("prepare", help="export revisions' trees and MLX's headers")
     prep.add_argument("revisions", nargs="+", help="git revisions: [name=]revision[+patch...]")
+    here = commands.add_parser("build", help="here: build each tree's harness into its bin/")
+    here.add_argument("names", nargs="*", help="these trees, in this order (default: all)")
     bench = commands.add_parser("run", help="on the GPU machine: build, test, bench")
     bench.add_argument("--only", action="append", required=True, help="a bench filter")
     bench.add_argument("--rounds", type=int, default=3)
     bench.add_argument("--until", type=float, default=480.0, help="no new round after this")
     bench.add_argument("--no-test", dest="test", action="store_false")
+    bench.add_argument("--trees", default="", help="comma-separated tree names (default: all)")
     args = parser.parse_args()
     if args.command == "prepare":
         prepare(args.revisions)
+    elif args.command == "build":
+        for tree in [AB / name for name in args.names] or trees():
+            start = time.monotonic()
+            (tree / "bin" / "harness.xz").unlink(missing_ok=True)
+            binary, code = build(tree)
+            if code == 0:
+                # Compressed, a harness is a fifteenth of its size: trees travel.
+                (tree / "bin").mkdir(exist_ok=True)
+                with open(tree / "bin" / "harness.xz", "wb") as packed:
+                    subprocess.run(["xz", "-T2", "-c", str(binary)], stdout=packed, check=True)
+                shutil.rmtree(binary.parent)
+            print(f"build {tree.name}: {code} in {time.monotonic() - start:.0f} s", flush=True)
     else:
-        run(args.only, args.rounds, args.until, args.test)
+        run(args.only, args.rounds, args.until, args.test, args.trees)
 
 
 if __name__ == "__main__":

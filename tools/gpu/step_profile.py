@@ -1,0 +1,141 @@
+"""Where a decoding step's time goes on the GPU, through mlx-lm.
+
+    python3 tools/gpu/step_profile.py [--mode mxfp4] [--steps 32] [--layers 32]
+
+Llama-3-8B's shapes with random weights (as examples/decode_speed.py): the
+bfloat16 model, MLX's quantized model and the same on mlx_fpqmm's layers. For
+each, a decoding step (one token, with a KV cache) split into the host's time
+to build its graph, to encode it (``mx.async_eval``: every primitive's
+``eval_gpu``) and the wait for the GPU after that (medians); then tokens per
+second of greedy decoding pipelined as mlx-lm's ``generate_step`` does it (the
+next step built and encoded before the last token is read), on the default
+stream and on a thread-local stream as mlx-lm's. Then the step's products
+alone (each layer's product of one token, in the step's order, in one graph),
+and the mlx_fpqmm model's steps with every quantized product replaced by a
+view of x of the product's shape: what the rest of a step costs. Where the
+wait is short, the host's build and encode bound the tokens per second.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import cache
+
+import mlx_fpqmm
+from mlx_fpqmm._linear import QuantizedLinear
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from decode_speed import random_model  # noqa: E402
+
+
+def build_encode_wait(build: Callable[[], object]) -> tuple[float, float, float]:
+    """Seconds to build a graph (``build()``, its outputs), to encode it
+    (``mx.async_eval``) and to wait for the GPU after that."""
+    mx.synchronize()
+    start = time.perf_counter()
+    outputs = build()
+    built = time.perf_counter()
+    mx.async_eval(outputs)
+    encoded = time.perf_counter()
+    mx.synchronize()
+    return built - start, encoded - built, time.perf_counter() - encoded
+
+
+def medians_ms(runs: list[tuple[float, float, float]]) -> list[float]:
+    return [statistics.median(part) * 1e3 for part in zip(*runs, strict=True)]
+
+
+def step_parts(model: nn.Module, steps: int) -> list[float]:
+    """Median milliseconds to build, encode and wait for a decoding step."""
+    kv = cache.make_prompt_cache(model)
+    mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=kv))
+    token = mx.array([[5]])
+    return medians_ms([build_encode_wait(lambda: model(token, cache=kv)) for _ in range(steps)])
+
+
+def pipelined_rate(model: nn.Module, steps: int, stream: mx.Stream) -> float:
+    """Greedy tokens per second, each step built and encoded before the last
+    token is read (mlx-lm's ``generate_step``)."""
+    kv = cache.make_prompt_cache(model)
+
+    def step(tokens: mx.array) -> mx.array:
+        return mx.argmax(model(tokens, cache=kv)[:, -1, :], axis=-1)
+
+    with mx.stream(stream):
+        y = step(mx.array([[1, 2, 3, 4]]))
+        mx.async_eval(y)
+        for i in range(steps + 4):
+            if i == 4:
+                start = time.perf_counter()
+            following = step(y[:, None])
+            mx.async_eval(following)
+            y.item()
+            y = following
+        y.item()
+    return steps / (time.perf_counter() - start)
+
+
+def report(label: str, model: nn.Module, steps: int) -> None:
+    build, encode, wait = step_parts(model, steps)
+    rates = (
+        pipelined_rate(model, steps, mx.default_stream(mx.gpu)),
+        pipelined_rate(model, steps, mx.new_thread_local_stream(mx.gpu)),
+    )
+    print(
+        f"{label:<32} build {build:5.2f}  encode {encode:5.2f}  wait {wait:5.2f} ms;"
+        f" pipelined {rates[0]:6.1f} / {rates[1]:6.1f} tokens/s",
+        flush=True,
+    )
+
+
+def products_alone(model: nn.Module, reps: int) -> tuple[list[float], int]:
+    """Median milliseconds to build, encode and wait for one token's product through
+    every quantized linear layer of ``model`` (one graph), and how many that is."""
+    layers = [m for _, m in model.named_modules() if isinstance(m, QuantizedLinear)][::-1]
+    inputs = [
+        mx.random.normal((1, 1, layer.weight.shape[1] * 32 // layer.bits)).astype(mx.bfloat16)
+        for layer in layers
+    ]
+    mx.eval(inputs)
+    runs = [
+        build_encode_wait(lambda: [layer(x) for layer, x in zip(layers, inputs, strict=True)])
+        for _ in range(reps + 1)
+    ]
+    return medians_ms(runs[1:]), len(layers)  # the first is a warm-up
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", default="mxfp4")
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=32)
+    args = parser.parse_args()
+    print(f"{mx.device_info().get('device_name', mx.default_device())}, mlx {mx.__version__}")
+    print("a decoding step: host build, encode (mx.async_eval), wait; tokens/s pipelined on")
+    print("the default stream / a thread-local stream")
+    model = random_model(args.layers)
+    report("bfloat16", model, args.steps)
+    nn.quantize(model, mode=args.mode)
+    mx.eval(model.parameters())
+    report(f"{args.mode}, MLX's layers", model, args.steps)
+    mlx_fpqmm.convert(model)
+    report(f"{args.mode}, mlx_fpqmm's layers", model, args.steps)
+    (build, encode, wait), count = products_alone(model, args.steps)
+    print(
+        f"{'  its ' + str(count) + ' products alone':<32} build {build:5.2f}  encode {encode:5.2f}"
+        f"  wait {wait:5.2f} ms"
+    )
+    QuantizedLinear.__call__ = lambda self, x: mx.broadcast_to(
+        x[..., :1], (*x.shape[:-1], self.weight.shape[0])
+    )
+    report("  its steps, products as views", model, args.steps)
+
+
+if __name__ == "__main__":
+    main()
