@@ -4,8 +4,9 @@
 
 A Llama model of Llama-3-8B's depth but small widths (the graph is the same
 size; the arrays are small, so evaluating each step stays cheap), with
-bfloat16 weights, MLX's mxfp4 layers (``mlx.nn.quantize``) and mlx_fpqmm's
-(``mlx_fpqmm.convert`` of the same), each called on one token with a KV cache:
+bfloat16 weights, MLX's mxfp4 layers (``mlx.nn.quantize``), mlx_fpqmm's
+(``mlx_fpqmm.convert`` of the same) and those fused (``mlx_fpqmm.nn.fuse``: q/k/v
+and gate/up as one product each), each called on one token with a KV cache:
 the median time of the call alone, before its graph is evaluated. Where a
 decoding GPU waits on the host, this bounds the tokens per second.
 
@@ -54,11 +55,13 @@ def small_llama(layers: int) -> nn.Module:
     return model
 
 
-def quantized(layers: int, ours: bool) -> nn.Module:
+def quantized(layers: int, ours: bool, fused: bool = False) -> nn.Module:
     model = small_llama(layers)
     nn.quantize(model, group_size=32, bits=4, mode="mxfp4")
     if ours:
         mlx_fpqmm.convert(model)
+    if fused:
+        mlx_fpqmm.nn.fuse(model)
     mx.eval(model.parameters())
     return model
 
@@ -77,6 +80,7 @@ def main() -> None:
         "bfloat16": small_llama(args.layers),
         "MLX mxfp4": quantized(args.layers, ours=False),
         "mlx_fpqmm mxfp4": quantized(args.layers, ours=True),
+        "fused": quantized(args.layers, ours=True, fused=True),
     }
 
     def rounds(label: str) -> None:

@@ -1,0 +1,191 @@
+"""mlx_fpqmm.nn.fuse: sibling projections (q/k/v, gate/up) as one product, on tiny models."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may download
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.generate import generate_step
+from mlx_lm.models import llama, qwen3
+from reference import ALL_MODES
+
+import mlx_fpqmm
+from mlx_fpqmm import _fused, _layers
+from mlx_fpqmm.nn import FusedQuantizedLinear, QuantizedLinear, fuse, quantize
+
+COMMON = dict(
+    hidden_size=256,
+    num_hidden_layers=2,
+    intermediate_size=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1024,
+    tie_word_embeddings=False,
+)
+ARCHS = {
+    "llama": (llama, dict(model_type="llama", rms_norm_eps=1e-5, **COMMON)),
+    "qwen3": (
+        qwen3,
+        dict(
+            model_type="qwen3",
+            rms_norm_eps=1e-6,
+            head_dim=64,
+            max_position_embeddings=512,
+            rope_theta=10000.0,
+            **COMMON,
+        ),
+    ),
+}
+TOKENS = mx.array([[1, 5, 9, 200, 31, 7, 1000, 4], [3, 3, 17, 512, 8, 99, 2, 640]])
+
+
+def quantized_model(arch: str, mode: str, **kwargs) -> nn.Module:
+    module, config = ARCHS[arch]
+    mx.random.seed(0)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    quantize(model, mode=mode, **kwargs)
+    return model
+
+
+def max_error(y: mx.array, ref: mx.array) -> float:
+    return (mx.abs(y - ref).max() / mx.abs(ref).max()).item()
+
+
+class Products:
+    """Counts the products run by fused groups and by layers on their own."""
+
+    def __init__(self, monkeypatch):
+        self.fused = self.separate = 0
+
+        def counting(module, field):
+            def qmm_for_mode(mode):
+                op = mlx_fpqmm.qmm_for_mode(mode)
+
+                def counted(*args, **kwargs):
+                    setattr(self, field, getattr(self, field) + 1)
+                    return op(*args, **kwargs)
+
+                return counted
+
+            monkeypatch.setattr(module, "qmm_for_mode", qmm_for_mode)
+
+        counting(_fused, "fused")
+        counting(_layers, "separate")
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_model_matches_separate_layers(arch, mode, monkeypatch):
+    separate = quantized_model(arch, mode)
+    model = quantized_model(arch, mode)
+    paths = fuse(model)
+    assert sorted(paths) == sorted(
+        f"model.layers.{i}.{name}"
+        for i in range(2)
+        for name in (
+            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
+            "mlp.up_proj",
+        )
+    )  # fmt: skip
+    attention = model.layers[0].self_attn
+    assert isinstance(attention.q_proj, FusedQuantizedLinear)
+    assert isinstance(attention.q_proj, QuantizedLinear)  # mlx-lm's checks still hold
+    assert attention.k_proj.weight.shape == separate.layers[0].self_attn.k_proj.weight.shape
+
+    products = Products(monkeypatch)
+    y = model(TOKENS)
+    # One product a group and layer; o_proj, down_proj and the head on their own.
+    assert (products.fused, products.separate) == (2 * 2, 2 * 2 + 1)
+    assert max_error(y, separate(TOKENS)) <= 1e-6
+
+
+def test_parameters_and_weights_stay_those_of_the_separate_layers(tmp_path):
+    separate = quantized_model("llama", "mxfp4")
+    model = quantized_model("llama", "mxfp4")
+    fuse(model)
+    shapes = {k: (v.shape, v.dtype) for k, v in tree_flatten(model.parameters())}
+    assert shapes == {k: (v.shape, v.dtype) for k, v in tree_flatten(separate.parameters())}
+    trainable = [k for k, _ in tree_flatten(model.trainable_parameters())]
+    assert trainable == [k for k, _ in tree_flatten(separate.trainable_parameters())]
+    assert not any(k.endswith(("weight", "scales")) and "proj" in k for k in trainable)
+
+    model.save_weights(str(tmp_path / "fused.safetensors"))
+    plain = quantized_model("llama", "mxfp4")
+    plain.load_weights(str(tmp_path / "fused.safetensors"), strict=True)
+    assert max_error(plain(TOKENS), separate(TOKENS)) == 0.0
+
+
+def test_layers_called_on_their_own_or_changed(monkeypatch):
+    separate = quantized_model("llama", "mxfp4")
+    model = quantized_model("llama", "mxfp4")
+    fuse(model)
+    mlp, reference = model.layers[1].mlp, separate.layers[1].mlp
+    x = mx.random.normal((3, 256), key=mx.random.key(1))
+    other = mx.random.normal((3, 256), key=mx.random.key(2))
+    expected = [reference.up_proj(other), reference.gate_proj(x), reference.up_proj(x)]
+    products = Products(monkeypatch)
+    # Different inputs: each computes the group's product for its own x.
+    got = [mlp.up_proj(other), mlp.gate_proj(x), mlp.up_proj(x)]
+    assert (products.fused, products.separate) == (2, 0)
+    assert all(max_error(y, ref) <= 1e-6 for y, ref in zip(got, expected, strict=True))
+
+    # A replaced weight is the layer's own again; its sibling keeps the shared product.
+    mlp.up_proj.weight = reference.up_proj.weight + 0
+    mlp.up_proj.scales = reference.up_proj.scales + 0
+    got = [mlp.up_proj(x), mlp.gate_proj(x)]
+    assert (products.fused, products.separate) == (3, 1)
+    assert max_error(got[0], expected[2]) <= 1e-6 and max_error(got[1], expected[1]) <= 1e-6
+
+
+def test_biases_are_each_layers_own():
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = QuantizedLinear(256, 128, bias=True, mode="mxfp8")
+            self.k_proj = QuantizedLinear(256, 64, bias=True, mode="mxfp8")
+            self.v_proj = QuantizedLinear(256, 64, bias=False, mode="mxfp8")
+            for layer in (self.q_proj, self.k_proj):
+                layer.bias = mx.random.normal(layer.bias.shape)
+
+        def __call__(self, x):
+            return [self.q_proj(x), self.k_proj(x), self.v_proj(x)]
+
+    block = Attention()
+    x = mx.random.normal((2, 5, 256))
+    before = block(x)
+    assert fuse(block) == ["q_proj", "k_proj", "v_proj"]
+    for y, ref in zip(block(x), before, strict=True):
+        assert y.shape == ref.shape and max_error(y, ref) <= 1e-6
+
+
+def test_what_is_not_fused():
+    # A tensor scale per layer: one product cannot apply three.
+    assert fuse(quantized_model("llama", "nvfp4", global_scale=True)) == []
+
+    class Mixed(nn.Module):
+        def __init__(self, modes, dims):
+            super().__init__()
+            self.gate_proj = QuantizedLinear(dims[0], 64, bias=False, mode=modes[0])
+            self.up_proj = QuantizedLinear(dims[1], 64, bias=False, mode=modes[1])
+
+    assert fuse(Mixed(("mxfp4", "mxfp8"), (256, 256))) == []
+    assert fuse(Mixed(("mxfp4", "mxfp4"), (256, 512))) == []
+    assert fuse(Mixed(("mxfp4", "mxfp4"), (256, 256))) == ["gate_proj", "up_proj"]
+
+    with pytest.raises(TypeError, match="mlx.nn.Module but received dict"):
+        fuse({})
+
+
+def test_greedy_decoding_unchanged():
+    separate = quantized_model("qwen3", "mxfp4")
+    model = quantized_model("qwen3", "mxfp4")
+    fuse(model)
+    prompt = mx.array([1, 2, 3, 4])
+
+    def greedy(m):
+        return [int(t) for t, _ in generate_step(prompt, m, max_tokens=12)]
+
+    assert greedy(model) == greedy(separate)
