@@ -27,7 +27,16 @@ _GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"
 
 
 class _Siblings:
-    """The layers' W rows and scales side by side, and the last x's product of them."""
+    """The layers' W rows and scales side by side, and the last x's product of them.
+
+    A product is shared only as the layers of a model's attention or MLP use it: each
+    layer once on one x, the others on the same x before the next. Anything else (a layer
+    called twice or alone, a layer's ``weight`` or ``scales`` replaced, as by
+    ``load_weights``, or traced by a transform such as ``mx.grad`` of the model) ends the
+    sharing for good: the concatenated arrays are released and each layer multiplies on
+    its own rows from then on. Like mlx-lm's models, it is not for calls from several
+    threads at once.
+    """
 
     def __init__(self, layers: list[QuantizedLinear]):
         first = layers[0]
@@ -35,30 +44,43 @@ class _Siblings:
         self.weight = mx.concatenate([layer.weight for layer in layers])
         self.scales = mx.concatenate([layer.scales for layer in layers])
         ends = list(itertools.accumulate(layer.weight.shape[0] for layer in layers))
-        self.rows = list(zip([0, *ends[:-1]], ends, strict=True))
-        self.weights = [self.weight[start:end] for start, end in self.rows]
-        self.scale_rows = [self.scales[start:end] for start, end in self.rows]
+        rows = list(zip([0, *ends[:-1]], ends, strict=True))
+        self.weights = [self.weight[start:end] for start, end in rows]
+        self.scale_rows = [self.scales[start:end] for start, end in rows]
+        self.shared = True
+        self._splits = ends[:-1]
         self._x: mx.array | None = None
-        self._y: mx.array | None = None
-        self._left = 0
+        self._parts: list[mx.array] = []
+        self._taken = 0  # a bit a layer that has its part of the product of x
+        self._everyone = (1 << len(layers)) - 1
 
     def output(self, index: int, layer: QuantizedLinear, x: mx.array) -> mx.array | None:
-        """Layer ``index``'s slice of the product of ``x``; ``None`` where the layer's
-        arrays are no longer the rows it was given (it then multiplies on its own)."""
+        """Layer ``index``'s part of the product of ``x``, or ``None``: the layer then
+        multiplies on its own."""
+        if not self.shared:
+            return None
         if layer["weight"] is not self.weights[index] or (
             layer["scales"] is not self.scale_rows[index]
         ):
-            return None
-        if x is not self._x:
+            return self._stop()
+        bit = 1 << index
+        if x is not self._x or self._taken & bit:
+            if self._taken:  # a sibling missed the last x: not used together
+                return self._stop()
             qmm = qmm_for_mode(self.mode)
-            self._x, self._y = x, qmm(x, self.weight, self.scales, True, self.group_size, self.mode)
-            self._left = len(self.rows)
-        start, end = self.rows[index]
-        y = self._y[..., start:end]
-        self._left -= 1
-        if self._left == 0:  # every sibling has its slice: let x and the product go
-            self._x = self._y = None
-        return y
+            y = qmm(x, self.weight, self.scales, True, self.group_size, self.mode)
+            # One split for all (a graph op of views), cheaper to build than slices.
+            self._x, self._parts = x, mx.split(y, self._splits, axis=-1)
+        self._taken |= bit
+        part = self._parts[index]
+        if self._taken == self._everyone:  # all taken: let x and the product go
+            self._x, self._parts, self._taken = None, [], 0
+        return part
+
+    def _stop(self) -> None:
+        self.shared = False
+        self.weight = self.scales = self._x = None
+        self.weights, self.scale_rows, self._parts = [], [], []
 
 
 class FusedQuantizedLinear(QuantizedLinear):
@@ -67,13 +89,17 @@ class FusedQuantizedLinear(QuantizedLinear):
     Made by :func:`fuse`. Its ``weight`` and ``scales`` are its rows of the siblings'
     concatenated arrays (views: no copy), so it saves, loads and multiplies on its own as
     a :class:`QuantizedLinear` does. Called on the x its siblings are called on, the first
-    call computes the product of all of them and each returns its slice (plus its bias).
+    call computes the product of all of them and each returns its part (plus its bias).
+    Made by its constructors rather than :func:`fuse`, it is a :class:`QuantizedLinear`.
     """
 
     __module__ = "mlx_fpqmm.nn"
 
+    _siblings: _Siblings | None = None
+    _index = 0
+
     def __call__(self, x: mx.array) -> mx.array:
-        y = self._siblings.output(self._index, self, x)
+        y = self._siblings.output(self._index, self, x) if self._siblings else None
         if y is None:
             return super().__call__(x)
         if "bias" in self:
@@ -103,9 +129,13 @@ def fuse(model: nn.Module) -> list[str]:
     without a ``global_scale``, the layers become :class:`FusedQuantizedLinear`: their W
     rows and scales are concatenated once (the old arrays are released), each keeps its
     rows as a view, and the first of them called on an x multiplies it by all of their
-    rows in one product. Called on other inputs, or after its ``weight`` or ``scales`` was
-    replaced, a layer multiplies on its own. The outputs are those of the separate layers,
-    up to float rounding. Apply it after :func:`convert` or :func:`quantize`.
+    rows in one product. The layers of a group must be called on the same x, unchanged
+    between their calls (as models call them); a group used otherwise (a layer called
+    twice or alone, its ``weight`` or ``scales`` replaced, its arrays traced by a
+    transform such as training's ``nn.value_and_grad``) goes back to separate products
+    for good, releasing the concatenated arrays. The outputs are those of the separate
+    layers, up to float rounding. Apply it after :func:`convert` or :func:`quantize`, for
+    inference.
 
     Args:
         model (mlx.nn.Module): The model, updated in place.

@@ -257,7 +257,7 @@ def convert(model: nn.Module) -> ConversionReport:
             report.converted[path] = m.mode
             return cls.from_quantized(m)
         if "scales" in m:
-            if type(m) in ours.values():
+            if isinstance(m, tuple(ours.values())):
                 report.skipped[path] = "already mlx_fpqmm"
             elif cls is not None:
                 report.skipped[path] = f"{m.mode} mode"

@@ -118,26 +118,56 @@ def test_parameters_and_weights_stay_those_of_the_separate_layers(tmp_path):
     assert max_error(plain(TOKENS), separate(TOKENS)) == 0.0
 
 
-def test_layers_called_on_their_own_or_changed(monkeypatch):
+def test_groups_used_otherwise_go_back_to_separate_products(monkeypatch):
+    separate = quantized_model("llama", "mxfp4")
+    x, other = (mx.random.normal((3, 256), key=mx.random.key(k)) for k in (1, 2))
+    reference = separate.layers[1].mlp
+    expected = {
+        (name, id(v)): getattr(reference, name)(v)
+        for name in ("gate_proj", "up_proj")
+        for v in (x, other)
+    }
+
+    def check(mlp, calls):
+        for name, v in calls:
+            assert max_error(getattr(mlp, name)(v), expected[name, id(v)]) <= 1e-6
+
+    model = quantized_model("llama", "mxfp4")
+    fuse(model)
+    mlp = model.layers[1].mlp
+    products = Products(monkeypatch)
+    check(mlp, [("gate_proj", x), ("up_proj", x), ("up_proj", other), ("gate_proj", other)])
+    assert (products.fused, products.separate) == (2, 0)
+    # A layer called again before its sibling took the last product: shared no more.
+    check(mlp, [("up_proj", x), ("up_proj", other), ("gate_proj", other), ("gate_proj", x)])
+    assert (products.fused, products.separate) == (3, 3)
+    assert not mlp.up_proj._siblings.shared and mlp.up_proj._siblings.weight is None
+
+    # A replaced weight is the layer's own again, and its sibling multiplies on its own.
+    model = quantized_model("llama", "mxfp4")
+    fuse(model)
+    mlp = model.layers[1].mlp
+    mlp.up_proj.weight = reference.up_proj.weight + 0
+    mlp.up_proj.scales = reference.up_proj.scales + 0
+    products = Products(monkeypatch)
+    check(mlp, [("up_proj", x), ("gate_proj", x), ("gate_proj", other)])
+    assert (products.fused, products.separate) == (0, 3)
+
+
+def test_training_runs_on_separate_products():
     separate = quantized_model("llama", "mxfp4")
     model = quantized_model("llama", "mxfp4")
     fuse(model)
-    mlp, reference = model.layers[1].mlp, separate.layers[1].mlp
-    x = mx.random.normal((3, 256), key=mx.random.key(1))
-    other = mx.random.normal((3, 256), key=mx.random.key(2))
-    expected = [reference.up_proj(other), reference.gate_proj(x), reference.up_proj(x)]
-    products = Products(monkeypatch)
-    # Different inputs: each computes the group's product for its own x.
-    got = [mlp.up_proj(other), mlp.gate_proj(x), mlp.up_proj(x)]
-    assert (products.fused, products.separate) == (2, 0)
-    assert all(max_error(y, ref) <= 1e-6 for y, ref in zip(got, expected, strict=True))
 
-    # A replaced weight is the layer's own again; its sibling keeps the shared product.
-    mlp.up_proj.weight = reference.up_proj.weight + 0
-    mlp.up_proj.scales = reference.up_proj.scales + 0
-    got = [mlp.up_proj(x), mlp.gate_proj(x)]
-    assert (products.fused, products.separate) == (3, 1)
-    assert max_error(got[0], expected[2]) <= 1e-6 and max_error(got[1], expected[1]) <= 1e-6
+    def loss(m):
+        return m(TOKENS).astype(mx.float32).square().mean()
+
+    value, grads = nn.value_and_grad(model, loss)(model)
+    expected_value, expected_grads = nn.value_and_grad(separate, loss)(separate)
+    assert abs(value.item() - expected_value.item()) <= 1e-6 * abs(expected_value.item())
+    for (k, g), (k2, g2) in zip(tree_flatten(grads), tree_flatten(expected_grads), strict=True):
+        assert k == k2 and max_error(g, g2) <= 1e-5, k
+    assert max_error(model(TOKENS), separate(TOKENS)) <= 1e-6
 
 
 def test_biases_are_each_layers_own():
@@ -177,6 +207,19 @@ def test_what_is_not_fused():
 
     with pytest.raises(TypeError, match="mlx.nn.Module but received dict"):
         fuse({})
+
+
+def test_constructed_fused_layer_and_convert_of_a_fused_model():
+    layer = FusedQuantizedLinear(256, 64, bias=False, mode="mxfp4")
+    plain = QuantizedLinear(256, 64, bias=False, mode="mxfp4")
+    plain.update(layer.parameters())
+    x = mx.random.normal((2, 256))
+    assert max_error(layer(x), plain(x)) == 0.0
+
+    model = quantized_model("llama", "mxfp8")
+    fuse(model)
+    report = mlx_fpqmm.convert(model)
+    assert report.converted == {} and set(report.skipped.values()) == {"already mlx_fpqmm"}
 
 
 def test_greedy_decoding_unchanged():
