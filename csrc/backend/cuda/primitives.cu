@@ -107,10 +107,12 @@ bool recording_graphs() {
 
 // MLX keys its cached executable graphs by the kinds of their nodes ("K"
 // for any kernel, whichever it is) and updates a cached one in place for the
-// next graph of the same key (cudaGraphExecUpdate), which gave wrong outputs
-// where it swapped one of our kernels for another (README, "Graph
-// updates"). So each of our kernel nodes is followed by an empty child graph
-// whose key names the kernel. It must follow the node: added before, it
+// next graph of the same key (cudaGraphExecUpdate). An update keeps a node's
+// thread block cluster shape, which fp_qmv_cluster has compiled in: updated
+// into or out of that kernel's node, a kernel ran with the wrong shape or
+// not at all (README, "Graph updates"). So that kernel's node is followed by
+// an empty child graph whose key names it, and graphs share a key only where
+// it sits in the same places. It must follow the node: added before, it
 // would take the kernel's inputs and outputs in MLX's dependency tracking.
 void add_kernel_key(mx::cu::CommandEncoder& encoder, const void* kernel) {
   // One empty graph, never destroyed; the encoder adds a copy of it, and a
@@ -127,12 +129,15 @@ void add_kernel_key(mx::cu::CommandEncoder& encoder, const void* kernel) {
   encoder.add_graph_node(empty, key, true);
 }
 
+// Records `launch` of `kernel`; `compiled_cluster`: the kernel's cluster
+// shape is compiled in (see add_kernel_key).
 template <typename Args>
 void add_launch(
     mx::cu::CommandEncoder& encoder,
     const cuda::Launch& launch,
     const void* kernel,
-    Args args) {
+    Args args,
+    bool compiled_cluster = false) {
   auto f = driver_function(encoder.device(), kernel, launch.shared_bytes);
   // The encoder copies the arguments through non-const pointers.
   encoder.add_kernel_node_ex(
@@ -142,7 +147,7 @@ void add_launch(
       dim3(),
       static_cast<uint32_t>(launch.shared_bytes),
       args);
-  if (recording_graphs()) {
+  if (compiled_cluster && recording_graphs()) {
     add_kernel_key(encoder, kernel);
   }
 }
@@ -291,9 +296,10 @@ void run(
         args,
         place_x_tiles);
   }
+  const bool cluster = plan.key.family == cuda::KernelFamily::qmv_cluster;
   if (!plan.reduction) {
     encoder.set_output_array(out);
-    add_launch(encoder, plan.main, main, args);
+    add_launch(encoder, plan.main, main, args, cluster);
     return;
   }
   auto partials = device_temporary(
@@ -302,7 +308,7 @@ void run(
       encoder);
   args.partials = mx::gpu_ptr<float>(partials);
   encoder.set_output_array(partials);
-  add_launch(encoder, plan.main, main, args);
+  add_launch(encoder, plan.main, main, args, cluster);
   encoder.set_input_array(partials);
   encoder.set_output_array(out);
   add_launch(
