@@ -263,17 +263,23 @@ def test_batched_and_broadcast_weights(transpose, w_batch, M):
 
 def test_kernels_one_after_another_in_any_order():
     """Products that run different kernels (the decode kernel with bfloat16,
-    float16 and float32 x, a cluster split of K, x @ W, the staged kernel, an
-    empty K), each evaluated on its own, in three orders: each must match the
-    reference whatever ran before it. MLX reuses an executable CUDA graph of
-    the same shape for the next product and updates its kernel node in place."""
+    float16 and float32 x, its wide blocks, a cluster split of K, x @ W, the
+    staged kernel, wgmma's blocks of 32, 64 and 128 rows after their x tiles,
+    an empty K), each evaluated on its own, in three orders: each must match
+    the reference whatever ran before it. MLX reuses an executable CUDA graph
+    of the same shape for the next product and updates its kernel nodes in
+    place, so one kernel's node becomes another's."""
     cases = [
         ("mxfp4", mx.bfloat16, 1, 200, 1152, True),
         ("nvfp4", mx.float32, 1, 200, 1152, True),
         ("mxfp4", mx.float16, 1, 64, 8192, True),
         ("mxfp8", mx.float32, 4, 128, 512, True),
+        ("mxfp4", mx.bfloat16, 1, 9000, 512, True),
+        ("mxfp4", mx.bfloat16, 32, 256, 512, True),
         ("fp4", mx.float32, 1, 96, 512, True),
+        ("mxfp4", mx.bfloat16, 64, 256, 512, True),
         ("mxfp4", mx.bfloat16, 3, 256, 192, False),
+        ("mxfp8", mx.bfloat16, 200, 256, 512, True),
         ("mxfp4", mx.float32, 4, 64, 0, True),
     ]
     for order in (cases, cases[::-1], cases[::2] + cases[1::2]):
