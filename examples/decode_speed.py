@@ -6,7 +6,7 @@ MLX's own quantized model and the same model on mlx_fpqmm's layers, one run.
 For each mode the bfloat16 model (the same seed every time, so the same
 weights) is quantized by ``mlx.nn.quantize`` (MLX's kernels) and then converted
 with ``mlx_fpqmm.convert`` (ours: the arrays are shared, nothing is requantized),
-then fused with ``mlx_fpqmm.nn.fuse`` (q/k/v and gate/up as one product each).
+then fused with ``mlx_fpqmm.nn.fuse_projections`` (q/k/v and gate/up as one product each).
 Each model generates greedily from the same random prompt with mlx-lm; the line
 printed per model gives decode tokens per second (the tokens after the first,
 over their time) and, for ours, how many leading tokens equal MLX's own model's.
@@ -180,7 +180,7 @@ def main() -> None:
             f"token differs at {differ}/{len(sequence)} positions, {beyond_tie} beyond a "
             f"bfloat16 tie; {report})"
         )
-        fused = len(mlx_fpqmm.nn.fuse(model))
+        fused = len(mlx_fpqmm.nn.fuse_projections(model))
         decode(model, prompt, 8)
         _, rate = decode(model, prompt, args.tokens)
         differ, beyond_tie = disagreements(reference, logits(model, sequence))

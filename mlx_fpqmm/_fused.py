@@ -1,11 +1,11 @@
-"""Sibling projections that read the same x, multiplied as one product (:func:`fuse`).
+"""Sibling projections that read the same x, multiplied as one product (:func:`fuse_projections`).
 
 A model's attention calls ``q_proj``, ``k_proj`` and ``v_proj`` on one x, and its MLP
 ``gate_proj`` and ``up_proj``. Their W rows and scales concatenated (the groups run along
 K, so nothing is requantized) make one product with N the sum of theirs: fewer launches a
 token, which a decoding step pays for on the host, and no small products that leave the
 GPU half idle. The layers stay where the model has them; the first one called on an x
-computes the product for all, and each returns its slice of it.
+computes the product for all, and each returns its part of it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ._formats import qmm_for_mode
 from ._layers import wrap
 from ._linear import QuantizedLinear
 
-__all__ = ["FusedQuantizedLinear", "fuse"]
+__all__ = ["FusedQuantizedLinear", "fuse_projections"]
 
 # The names of sibling layers that models call on one x: most of mlx-lm's attentions and
 # MLPs (Llama, Mistral, Qwen, Gemma, ...); w1 / w3 in InternLM2's and LFM2's MLPs.
@@ -86,11 +86,11 @@ class _Siblings:
 class FusedQuantizedLinear(QuantizedLinear):
     """A :class:`QuantizedLinear` whose product comes from one shared with its siblings.
 
-    Made by :func:`fuse`. Its ``weight`` and ``scales`` are its rows of the siblings'
+    Made by :func:`fuse_projections`. Its ``weight`` and ``scales`` are its rows of the siblings'
     concatenated arrays (views: no copy), so it saves, loads and multiplies on its own as
     a :class:`QuantizedLinear` does. Called on the x its siblings are called on, the first
     call computes the product of all of them and each returns its part (plus its bias).
-    Made by its constructors rather than :func:`fuse`, it is a :class:`QuantizedLinear`.
+    Made by its constructors rather than :func:`fuse_projections`, it is a :class:`QuantizedLinear`.
     """
 
     __module__ = "mlx_fpqmm.nn"
@@ -120,7 +120,7 @@ def _fusable(layers: list[nn.Module]) -> bool:
     )
 
 
-def fuse(model: nn.Module) -> list[str]:
+def fuse_projections(model: nn.Module) -> list[str]:
     """Let sibling projections that read the same x run as one product.
 
     In every module of ``model`` that holds all the layers of a group (``q_proj``,
@@ -146,10 +146,12 @@ def fuse(model: nn.Module) -> list[str]:
     Example:
         >>> import mlx_fpqmm
         >>> model, tokenizer = mlx_fpqmm.load("path/or/hf-repo")  # doctest: +SKIP
-        >>> fused = mlx_fpqmm.nn.fuse(model)  # doctest: +SKIP
+        >>> fused = mlx_fpqmm.nn.fuse_projections(model)  # doctest: +SKIP
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"fuse expects an mlx.nn.Module but received {type(model).__name__}.")
+        raise TypeError(
+            f"fuse_projections expects an mlx.nn.Module but received {type(model).__name__}."
+        )
     fused: list[str] = []
     for path, module in model.named_modules():
         for names in _GROUPS:

@@ -4,8 +4,8 @@
 ``isinstance`` check in mlx-lm keeps working), keep their parameter names and dtypes, and
 compute with :func:`mlx_fpqmm.fp4_qmm` / :func:`mlx_fpqmm.fp8_qmm`. :func:`quantize` is the
 model-level twin of :func:`mlx.nn.quantize`; :func:`convert` swaps the layers of a model that
-is already quantized (e.g. one loaded by mlx-lm); :func:`fuse` lets the projections that read
-the same x (q/k/v, gate/up) run as one product.
+is already quantized (e.g. one loaded by mlx-lm); :func:`fuse_projections` lets the projections
+that read the same x (q/k/v, gate/up) run as one product.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import mlx.nn as nn
 from mlx.utils import tree_map_with_path
 
 from ._formats import FORMATS, resolve_mode
-from ._fused import FusedQuantizedLinear, fuse
+from ._fused import FusedQuantizedLinear, fuse_projections
 from ._linear import QuantizedEmbedding, QuantizedLinear
 from ._sharded import MLX_SHARDED as _MLX_SHARDED
 from ._sharded import (
@@ -38,7 +38,7 @@ __all__ = [
     "QuantizedLinear",
     "QuantizedShardedToAllLinear",
     "convert",
-    "fuse",
+    "fuse_projections",
     "quantize",
     "shard_inplace",
     "shard_linear",

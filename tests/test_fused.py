@@ -1,4 +1,4 @@
-"""mlx_fpqmm.nn.fuse: sibling projections (q/k/v, gate/up) as one product, on tiny models."""
+"""mlx_fpqmm.nn.fuse_projections: sibling projections (q/k/v, gate/up) as one product."""
 
 import os
 
@@ -14,7 +14,7 @@ from reference import ALL_MODES
 
 import mlx_fpqmm
 from mlx_fpqmm import _fused, _layers
-from mlx_fpqmm.nn import FusedQuantizedLinear, QuantizedLinear, fuse, quantize
+from mlx_fpqmm.nn import FusedQuantizedLinear, QuantizedLinear, fuse_projections, quantize
 
 COMMON = dict(
     hidden_size=256,
@@ -81,7 +81,7 @@ class Products:
 def test_fused_model_matches_separate_layers(arch, mode, monkeypatch):
     separate = quantized_model(arch, mode)
     model = quantized_model(arch, mode)
-    paths = fuse(model)
+    paths = fuse_projections(model)
     assert sorted(paths) == sorted(
         f"model.layers.{i}.{name}"
         for i in range(2)
@@ -105,7 +105,7 @@ def test_fused_model_matches_separate_layers(arch, mode, monkeypatch):
 def test_parameters_and_weights_stay_those_of_the_separate_layers(tmp_path):
     separate = quantized_model("llama", "mxfp4")
     model = quantized_model("llama", "mxfp4")
-    fuse(model)
+    fuse_projections(model)
     shapes = {k: (v.shape, v.dtype) for k, v in tree_flatten(model.parameters())}
     assert shapes == {k: (v.shape, v.dtype) for k, v in tree_flatten(separate.parameters())}
     trainable = [k for k, _ in tree_flatten(model.trainable_parameters())]
@@ -133,7 +133,7 @@ def test_groups_used_otherwise_go_back_to_separate_products(monkeypatch):
             assert max_error(getattr(mlp, name)(v), expected[name, id(v)]) <= 1e-6
 
     model = quantized_model("llama", "mxfp4")
-    fuse(model)
+    fuse_projections(model)
     mlp = model.layers[1].mlp
     products = Products(monkeypatch)
     check(mlp, [("gate_proj", x), ("up_proj", x), ("up_proj", other), ("gate_proj", other)])
@@ -145,7 +145,7 @@ def test_groups_used_otherwise_go_back_to_separate_products(monkeypatch):
 
     # A replaced weight is the layer's own again, and its sibling multiplies on its own.
     model = quantized_model("llama", "mxfp4")
-    fuse(model)
+    fuse_projections(model)
     mlp = model.layers[1].mlp
     mlp.up_proj.weight = reference.up_proj.weight + 0
     mlp.up_proj.scales = reference.up_proj.scales + 0
@@ -157,7 +157,7 @@ def test_groups_used_otherwise_go_back_to_separate_products(monkeypatch):
 def test_training_runs_on_separate_products():
     separate = quantized_model("llama", "mxfp4")
     model = quantized_model("llama", "mxfp4")
-    fuse(model)
+    fuse_projections(model)
 
     def loss(m):
         return m(TOKENS).astype(mx.float32).square().mean()
@@ -186,14 +186,14 @@ def test_biases_are_each_layers_own():
     block = Attention()
     x = mx.random.normal((2, 5, 256))
     before = block(x)
-    assert fuse(block) == ["q_proj", "k_proj", "v_proj"]
+    assert fuse_projections(block) == ["q_proj", "k_proj", "v_proj"]
     for y, ref in zip(block(x), before, strict=True):
         assert y.shape == ref.shape and max_error(y, ref) <= 1e-6
 
 
 def test_what_is_not_fused():
     # A tensor scale per layer: one product cannot apply three.
-    assert fuse(quantized_model("llama", "nvfp4", global_scale=True)) == []
+    assert fuse_projections(quantized_model("llama", "nvfp4", global_scale=True)) == []
 
     class Mixed(nn.Module):
         def __init__(self, modes, dims):
@@ -201,12 +201,12 @@ def test_what_is_not_fused():
             self.gate_proj = QuantizedLinear(dims[0], 64, bias=False, mode=modes[0])
             self.up_proj = QuantizedLinear(dims[1], 64, bias=False, mode=modes[1])
 
-    assert fuse(Mixed(("mxfp4", "mxfp8"), (256, 256))) == []
-    assert fuse(Mixed(("mxfp4", "mxfp4"), (256, 512))) == []
-    assert fuse(Mixed(("mxfp4", "mxfp4"), (256, 256))) == ["gate_proj", "up_proj"]
+    assert fuse_projections(Mixed(("mxfp4", "mxfp8"), (256, 256))) == []
+    assert fuse_projections(Mixed(("mxfp4", "mxfp4"), (256, 512))) == []
+    assert fuse_projections(Mixed(("mxfp4", "mxfp4"), (256, 256))) == ["gate_proj", "up_proj"]
 
-    with pytest.raises(TypeError, match="mlx.nn.Module but received dict"):
-        fuse({})
+    with pytest.raises(TypeError, match="expects an mlx.nn.Module but received dict"):
+        fuse_projections({})
 
 
 def test_constructed_fused_layer_and_convert_of_a_fused_model():
@@ -217,7 +217,7 @@ def test_constructed_fused_layer_and_convert_of_a_fused_model():
     assert max_error(layer(x), plain(x)) == 0.0
 
     model = quantized_model("llama", "mxfp8")
-    fuse(model)
+    fuse_projections(model)
     report = mlx_fpqmm.convert(model)
     assert report.converted == {} and set(report.skipped.values()) == {"already mlx_fpqmm"}
 
@@ -225,7 +225,7 @@ def test_constructed_fused_layer_and_convert_of_a_fused_model():
 def test_greedy_decoding_unchanged():
     separate = quantized_model("qwen3", "mxfp4")
     model = quantized_model("qwen3", "mxfp4")
-    fuse(model)
+    fuse_projections(model)
     prompt = mx.array([1, 2, 3, 4])
 
     def greedy(m):

@@ -5,7 +5,7 @@
 A Llama model of Llama-3-8B's depth but small widths (the graph is the same
 size; the arrays are small, so evaluating each step stays cheap), with
 bfloat16 weights, MLX's mxfp4 layers (``mlx.nn.quantize``), mlx_fpqmm's
-(``mlx_fpqmm.convert`` of the same) and those fused (``mlx_fpqmm.nn.fuse``: q/k/v
+(``mlx_fpqmm.convert`` of the same) and those fused (``mlx_fpqmm.nn.fuse_projections``: q/k/v
 and gate/up as one product each), each called on one token with a KV cache:
 the median time of the call alone, before its graph is evaluated. Where a
 decoding GPU waits on the host, this bounds the tokens per second.
@@ -61,7 +61,7 @@ def quantized(layers: int, ours: bool, fused: bool = False) -> nn.Module:
     if ours:
         mlx_fpqmm.convert(model)
     if fused:
-        mlx_fpqmm.nn.fuse(model)
+        mlx_fpqmm.nn.fuse_projections(model)
     mx.eval(model.parameters())
     return model
 
