@@ -11,10 +11,11 @@ second of greedy decoding pipelined as mlx-lm's ``generate_step`` does it (the
 next step built and encoded before the last token is read), on the default
 stream and on a thread-local stream as mlx-lm's. Then the step's products
 alone (each layer's product of one token, in the step's order, in one graph),
-the mlx_fpqmm model fused (``mlx_fpqmm.nn.fuse_projections``: q/k/v and gate/up as one
-product each), and its steps with every quantized product replaced by a
-view of x of the product's shape: what the rest of a step costs. Where the
-wait is short, the host's build and encode bound the tokens per second.
+the mlx_fpqmm model's steps with every quantized product replaced by a view of
+x of the product's shape (what the rest of a step costs), and the model fused
+(``mlx_fpqmm.nn.fuse_projections``: q/k/v and gate/up as one product each).
+Where the wait is short, the host's build and encode bound the tokens per
+second.
 """
 
 import argparse
@@ -132,12 +133,14 @@ def main() -> None:
         f"{'  its ' + str(count) + ' products alone':<32} build {build:5.2f}  encode {encode:5.2f}"
         f"  wait {wait:5.2f} ms"
     )
-    mlx_fpqmm.nn.fuse_projections(model)
-    report("  fused (q/k/v, gate/up)", model, args.steps)
+    call = QuantizedLinear.__call__
     QuantizedLinear.__call__ = lambda self, x: mx.broadcast_to(
         x[..., :1], (*x.shape[:-1], self.weight.shape[0])
     )
     report("  its steps, products as views", model, args.steps)
+    QuantizedLinear.__call__ = call
+    mlx_fpqmm.nn.fuse_projections(model)
+    report("  fused (q/k/v, gate/up)", model, args.steps)
 
 
 if __name__ == "__main__":
