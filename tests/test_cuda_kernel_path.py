@@ -324,9 +324,9 @@ def test_gather_without_the_grouped_path_dequantizes_from_12_rows_an_expert(pair
 def test_decode_splits_float32_x_in_two_parts_once():
     """float32 x of up to 4 rows times 8 MiB of W or more: split once into
     bfloat16 high and low parts (fp_split_x), which bfloat16's kernel
-    multiplies as twice the rows into partials that the reduction adds in
-    pairs; more rows, less W, or float16 x with float scales: each pass splits
-    its chunk of x."""
+    multiplies as twice the rows, adding each row's two as it stores y (with K
+    split, into partials that the reduction adds up); more rows, less W, or
+    float16 x with float scales: each pass splits its chunk of x."""
     w = mx.zeros((N, K // 8), mx.uint32)
     scales = mx.zeros((N, K // 32), mx.uint8)
     for M in (1, 4):
@@ -335,8 +335,8 @@ def test_decode_splits_float32_x_in_two_parts_once():
         assert plan["kernel"].endswith("_bfloat16_x8")
         assert plan["x_split"]["kernel"] == "fpqmm_split_x_float32"
         assert plan["x_split_bytes"] == 2 * M * K * 2
-        assert plan["reduction"]["kernel"] == "fpqmm_split_k_sum_float32"
-        assert plan["partials_bytes"] == plan["split_k"] * 2 * M * N * 4
+        assert plan["split_k"] == 1
+        assert plan["reduction"] is None and plan["partials_bytes"] == 0
         assert "split once into bfloat16 high and low parts" in plan["note"]
     plan = mlx_fpqmm.kernel_path(mx.zeros((5, K)), w, scales, mode="mxfp4", device="sm_90")
     assert plan["x_split"] is None and plan["kernel"].endswith("_float32_x8")
@@ -352,3 +352,15 @@ def test_decode_splits_float32_x_in_two_parts_once():
         device="sm_90",
     )
     assert half["x_split"] is None and half["kernel"].endswith("_float16_x8")
+    # K split (mxfp8 1024 x 8192, 8 MiB): the parts' partials, which the
+    # reduction adds up.
+    long = mlx_fpqmm.kernel_path(
+        mx.zeros((1, 8192)),
+        mx.zeros((1024, 8192 // 4), mx.uint32),
+        mx.zeros((1024, 8192 // 32), mx.uint8),
+        mode="mxfp8",
+        device="sm_90",
+    )
+    assert long["x_split"]["kernel"] == "fpqmm_split_x_float32" and long["split_k"] > 1
+    assert long["reduction"]["kernel"] == "fpqmm_split_k_sum_float32"
+    assert long["partials_bytes"] == long["split_k"] * 2 * 1024 * 4

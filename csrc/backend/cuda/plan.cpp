@@ -458,8 +458,9 @@ void plan_grouped(
 // float32 x of up to kXPartsMaxRows rows times a W of one matrix of at
 // least kXPartsMinWeightBytes (x @ W^T): split once by fp_split_x into
 // bfloat16 high and low parts, which the bfloat16 plan of twice the rows
-// multiplies into partials (not a cluster's sums) that the reduction adds in
-// pairs, rather than every block splitting its chunks of x again. Empty for
+// multiplies, adding each row's parts as it stores y (or, with K split, into
+// partials that the reduction adds up; not a cluster's sums), rather than
+// every block splitting its chunks of x again. Empty for
 // an empty x, where that plan is not fp_qmv's, where x as it is would be
 // staged (float32 x with float scales keeps code times scale in float32), or
 // on another request. (float16 x with float scales gained little for E2M1
@@ -490,8 +491,14 @@ std::optional<KernelPlan> plan_x_parts(
     plan.main.kernel = kernel_name(plan.key);
   }
   plan.x_parts = 2;
-  set_split_k(p, plan.split_k, plan.split_k_step, plan);
-  plan.partials_bytes *= plan.x_parts;  // the main kernel's rows: the parts'
+  if (plan.split_k == 1) {
+    // The main kernel adds each row's parts and stores y.
+    plan.reduction.reset();
+    plan.partials_bytes = 0;
+  } else {
+    set_split_k(p, plan.split_k, plan.split_k_step, plan);
+    plan.partials_bytes *= plan.x_parts;  // the main kernel's rows: the parts'
+  }
   plan.x_split = grid_stride_launch(
       "fpqmm_split_x_float32",
       int64_t(p.M) * p.K / 2,

@@ -296,7 +296,8 @@ struct KernelPlan {
   // `x_split` (fp_split_x) runs first and writes x's
   // bfloat16 high and low parts, x_split_bytes of scratch (passed as
   // QmmArgs::x_tiles), which the main kernel, a bfloat16 one, multiplies as
-  // twice the rows into partials that `reduction` adds in pairs.
+  // twice the rows, adding each row's two as it stores y (with K split, into
+  // partials that `reduction` adds up).
   std::optional<Launch> x_split;
   int64_t x_split_bytes = 0;
   int x_parts = 1;

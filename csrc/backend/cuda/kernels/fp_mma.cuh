@@ -138,7 +138,8 @@ __device__ __forceinline__ void store_block_sums(
     T* y,
     float* partials,
     bool splits_in_cluster = false,
-    const Rows& rows = {}) {
+    const Rows& rows = {},
+    bool x_pairs = false) {
   constexpr int values = tiles * x_blocks * 4;
   constexpr int totals = values * kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
@@ -172,6 +173,37 @@ __device__ __forceinline__ void store_block_sums(
         partials,
         rows);
   };
+  // x in parts (fp_split_x's rows 2m and 2m + 1) straight into y: the
+  // element of the even row adds its odd neighbour's (the next value, the
+  // same lane) and stores row m of y (of M / 2), which is float32 like x
+  // (T is the parts' bfloat16; one matrix, so y is the output's start).
+  // Into partials, the reduction adds them.
+  if (x_pairs && !partials) {
+    for (int e = threadIdx.x; e < totals; e += blockDim.x) {
+      if (e / kWarpSize % 2 == 0) {
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < warps; ++w) {
+          total +=
+              reduction[w * totals + e] + reduction[w * totals + e + kWarpSize];
+        }
+        const int v = e / kWarpSize;
+        const FragmentLane owner = fragment_lane(e % kWarpSize);
+        const int b = v / 4 % x_blocks;
+        const int t = v / 4 / x_blocks;
+        store_output(
+            total * factor,
+            (m0 + b * kXBlockRows) / 2 + owner.thread,
+            n0 + t * kTileRows + v % 4 / 2 * 8 + owner.group,
+            M / 2,
+            N,
+            reinterpret_cast<float*>(y),
+            partials,
+            rows);
+      }
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < totals; e += blockDim.x) {
     float total = 0.0f;
 #pragma unroll

@@ -512,7 +512,8 @@ __device__ __forceinline__ void fp_qmv_impl(
       y,
       partials,
       splits_in_cluster,
-      rows);
+      rows,
+      args.x_parts == 2);
 }
 
 // Blocks of `warps` warps of `tiles` tiles of W rows (qmv's narrow blocks

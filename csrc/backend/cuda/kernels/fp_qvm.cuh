@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kQvmWarps* kWarpSize)
 }
 
 // Split K's second pass: y = the sum of the splits' float32 partials (and
-// of x's parts: args.x_parts slices of M / x_parts rows each).
+// of x's parts: args.x_parts rows for each row of y, fp_split_x's order).
 template <typename T>
 __global__ void fp_split_k_sum(const QmmArgs args) {
   const int parts = args.x_parts > 1 ? args.x_parts : 1;
@@ -203,13 +203,14 @@ __global__ void fp_split_k_sum(const QmmArgs args) {
   const int64_t outputs = args.batch_count * part_outputs;
   for_each_in_grid(outputs, [&](int64_t i) {
     const int64_t batch = i / part_outputs;
-    const int64_t within = i % part_outputs;
+    const int64_t row = i % part_outputs / args.N;
+    const int64_t column = i % args.N;
     float total = 0.0f;
     for (int s = 0; s < args.split_k; ++s) {
       const float* slice =
           args.partials + (s * args.batch_count + batch) * parts * part_outputs;
       for (int part = 0; part < parts; ++part) {
-        total += slice[part * part_outputs + within];
+        total += slice[(row * parts + part) * args.N + column];
       }
     }
     static_cast<T*>(args.y)[i] = static_cast<T>(total);

@@ -359,9 +359,10 @@ struct QmmArgs {
   // qmm_wgmma: x in fp_wgmma_tile_x's layout; x split into parts: the parts
   // (fp_split_x's output, the main kernel's x).
   void* x_tiles;
-  // 2: x split into bfloat16 high and low parts, rows M / 2 each (the highs,
-  // then the lows), which the main kernel multiplies as M rows of bfloat16 x
-  // into partials that fp_split_k_sum adds in pairs. 0 or 1: x as it is.
+  // 2: x split into bfloat16 high and low parts (row m's as rows 2m and
+  // 2m + 1), which the main kernel multiplies as M rows of bfloat16 x and
+  // adds in pairs as it stores y (with K split, into partials that
+  // fp_split_k_sum adds up). 0 or 1: x as it is.
   int x_parts;
 };
 
