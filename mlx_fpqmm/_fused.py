@@ -120,6 +120,23 @@ def _fusable(layers: list[nn.Module]) -> bool:
     )
 
 
+def _fuse_group(module: nn.Module, names: tuple[str, ...]) -> bool:
+    """Fuse ``module``'s layers ``names`` where they can be; whether they were. Its old
+    layers, and their arrays, go when it returns, before the next group is copied."""
+    layers = [module[name] for name in names]
+    if not _fusable(layers):
+        return False
+    siblings = _Siblings(layers)
+    mx.eval(siblings.weight, siblings.scales, siblings.weights, siblings.scale_rows)
+    for index, (name, layer) in enumerate(zip(names, layers, strict=True)):
+        sibling = wrap(FusedQuantizedLinear, layer)
+        sibling.weight = siblings.weights[index]
+        sibling.scales = siblings.scale_rows[index]
+        sibling._siblings, sibling._index = siblings, index
+        setattr(module, name, sibling)
+    return True
+
+
 def fuse_projections(model: nn.Module) -> list[str]:
     """Let sibling projections that read the same x run as one product.
 
@@ -152,22 +169,16 @@ def fuse_projections(model: nn.Module) -> list[str]:
         raise TypeError(
             f"fuse_projections expects an mlx.nn.Module but received {type(model).__name__}."
         )
+    # The modules that hold a group, listed first: a list of every module would keep each
+    # group's old layers, and their arrays, until the last group is fused.
+    holders = [
+        (path, module)
+        for path, module in model.named_modules()
+        if any(all(name in module for name in names) for names in _GROUPS)
+    ]
     fused: list[str] = []
-    for path, module in model.named_modules():
+    for path, module in holders:
         for names in _GROUPS:
-            if not all(name in module for name in names):
-                continue
-            layers = [module[name] for name in names]
-            if not _fusable(layers):
-                continue
-            siblings = _Siblings(layers)
-            # Each group in turn, so that its old arrays go before the next is copied.
-            mx.eval(siblings.weight, siblings.scales, siblings.weights, siblings.scale_rows)
-            for index, (name, layer) in enumerate(zip(names, layers, strict=True)):
-                sibling = wrap(FusedQuantizedLinear, layer)
-                sibling.weight = siblings.weights[index]
-                sibling.scales = siblings.scale_rows[index]
-                sibling._siblings, sibling._index = siblings, index
-                setattr(module, name, sibling)
-                fused.append(f"{path}.{name}" if path else name)
+            if all(name in module for name in names) and _fuse_group(module, names):
+                fused += [f"{path}.{name}" if path else name for name in names]
     return fused

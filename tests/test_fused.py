@@ -232,3 +232,24 @@ def test_greedy_decoding_unchanged():
         return [int(t) for t, _ in generate_step(prompt, m, max_tokens=12)]
 
     assert greedy(model) == greedy(separate)
+
+
+def test_each_groups_old_arrays_go_before_the_next_is_copied():
+    module, _ = ARCHS["llama"]
+    mx.random.seed(0)
+    config = dict(ARCHS["llama"][1], hidden_size=1024, intermediate_size=4096)
+    model = module.Model(module.ModelArgs.from_dict({**config, "num_hidden_layers": 6}))
+    quantize(model, mode="mxfp4")
+    mx.eval(model.parameters())
+    groups = [
+        sum(m[n].weight.nbytes + m[n].scales.nbytes for n in names)
+        for _, m in model.named_modules()
+        for names in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+        if all(n in m for n in names)
+    ]
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    fuse_projections(model)
+    # A second copy of one group at a time, not of all twelve.
+    assert mx.get_peak_memory() - base <= 1.5 * max(groups) < sum(groups)
+    assert mx.get_active_memory() <= base

@@ -98,6 +98,9 @@ def log_dir() -> Path:
 def run(filters: list[str], rounds: int, until: float, test: bool, only_trees: str) -> None:
     start = time.monotonic()
     chosen = [t for t in trees() if not only_trees or t.name in only_trees.split(",")]
+    unknown = set(filter(None, only_trees.split(","))) - {t.name for t in chosen}
+    if unknown or not chosen:
+        sys.exit(f"--trees: no tree named {', '.join(sorted(unknown)) or only_trees} in {AB}")
     names = [tree.name for tree in chosen]
     with ThreadPoolExecutor(len(names)) as pool:
         built = dict(zip(names, pool.map(build, chosen), strict=True))
