@@ -659,12 +659,11 @@ std::vector<Case> test_cases() {
   }
   // float32 x of up to 4 rows times 8 MiB of W or more (the plan's x parts:
   // x split once into bfloat16 high and low parts), rows of W past the last
-  // whole tile, non-finite values too (at K = 512, where most rows hold no
-  // non-finite scale).
+  // whole tile, K split or not (odd M both ways), non-finite values too (at
+  // K = 512, where most rows hold no non-finite scale).
   for (const auto& m : kModes) {
     const bool bytes = m.mode == Mode::fp8 || m.mode == Mode::mxfp8;
-    for (int M : {1, 3, 4}) {
-      const bool nonfinite = M == 3;
+    for (auto [M, nonfinite] : {std::pair{1, false}, {3, true}, {3, false}, {4, false}}) {
       const int N = nonfinite ? (bytes ? 16384 : 32768) : (bytes ? 2052 : 4100);
       const int K = nonfinite ? 512 : 4096;
       Case c{name(m, "f32", true, M, N, K, " x parts"), m.mode, m.group_size,
