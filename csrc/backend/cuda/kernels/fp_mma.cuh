@@ -157,21 +157,23 @@ __device__ __forceinline__ void store_block_sums(
     }
   }
   __syncthreads();
-  auto store = [&](int e, float total) {
+  // Where element e of the sums goes: x row m (of M) and W row n.
+  struct Place {
+    int m, n;
+  };
+  auto place = [&](int e) {
     const int v = e / kWarpSize;
     const FragmentLane owner = fragment_lane(e % kWarpSize);
     const int i = v % 4;
     const int b = v / 4 % x_blocks;
     const int t = v / 4 / x_blocks;
-    store_output(
-        total,
+    return Place{
         m0 + b * kXBlockRows + 2 * owner.thread + i % 2,
-        n0 + t * kTileRows + i / 2 * 8 + owner.group,
-        M,
-        N,
-        y,
-        partials,
-        rows);
+        n0 + t * kTileRows + i / 2 * 8 + owner.group};
+  };
+  auto store = [&](int e, float total) {
+    const Place at = place(e);
+    store_output(total, at.m, at.n, M, N, y, partials, rows);
   };
   // x in parts (fp_split_x's rows 2m and 2m + 1) straight into y: the
   // element of the even row adds its odd neighbour's (the next value, the
@@ -187,14 +189,11 @@ __device__ __forceinline__ void store_block_sums(
           total +=
               reduction[w * totals + e] + reduction[w * totals + e + kWarpSize];
         }
-        const int v = e / kWarpSize;
-        const FragmentLane owner = fragment_lane(e % kWarpSize);
-        const int b = v / 4 % x_blocks;
-        const int t = v / 4 / x_blocks;
+        const Place at = place(e);
         store_output(
             total * factor,
-            (m0 + b * kXBlockRows) / 2 + owner.thread,
-            n0 + t * kTileRows + v % 4 / 2 * 8 + owner.group,
+            at.m / 2,
+            at.n,
             M / 2,
             N,
             reinterpret_cast<float*>(y),
