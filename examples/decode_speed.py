@@ -17,8 +17,9 @@ ulps (a real disagreement, not a tie).
 With ``--prefill N`` each model's line also gives prefill tokens per second: one
 forward pass over an N-token prompt (the best of three). Each line also splits a
 decoding step (one token, with a KV cache; medians of 16): the host's time to build
-its graph, and the time to evaluate it (the GPU's work, waited for). mlx-lm's
-decoding overlaps the two, so the larger one bounds the tokens per second.
+its graph and to encode it (every primitive's ``eval_gpu``), and the wait for the GPU
+after that. mlx-lm's decoding overlaps the host's work with the GPU's, so a short wait
+says that the host bounds the tokens per second.
 Meant for a GPU. On a CPU ``--layers 2 --modes ""`` runs the bfloat16 model alone:
 ``mlx.nn.quantize`` of even two layers (with the 128K-token embedding and head) took more
 than the 24 GB of this project's CPU machine.
@@ -27,6 +28,7 @@ than the 24 GB of this project's CPU machine.
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -82,31 +84,38 @@ def prefill_rate(model: nn.Module, length: int) -> str:
     return f"  prefill {length / best:8.0f} tokens/s"
 
 
-def step_times(model: nn.Module, steps: int) -> tuple[list[float], list[float]]:
-    """Seconds a decoding step (one token, with a KV cache) takes to build its graph on the
-    host, and to evaluate it, for each of ``steps`` steps."""
+def build_encode_wait(build: Callable[[], object]) -> tuple[float, float, float]:
+    """Seconds to build a graph (``build()``, its outputs) on the host, to encode it
+    (``mx.async_eval``: every primitive's ``eval_gpu``) and to wait for it after that."""
+    mx.synchronize()
+    start = time.perf_counter()
+    outputs = build()
+    built = time.perf_counter()
+    mx.async_eval(outputs)
+    encoded = time.perf_counter()
+    mx.synchronize()
+    return built - start, encoded - built, time.perf_counter() - encoded
+
+
+def medians_ms(runs: list[tuple[float, ...]]) -> list[float]:
+    """The median of each part of ``runs`` (seconds), in milliseconds."""
+    return [statistics.median(part) * 1e3 for part in zip(*runs, strict=True)]
+
+
+def step_times(model: nn.Module, steps: int) -> list[tuple[float, float, float]]:
+    """Build, encode and wait seconds (:func:`build_encode_wait`) of each of ``steps``
+    decoding steps (one token, with a KV cache)."""
     kv = cache.make_prompt_cache(model)
     mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=kv))
     token = mx.array([[5]])
-    build, evaluate = [], []
-    for _ in range(steps):
-        start = time.perf_counter()
-        out = model(token, cache=kv)
-        built = time.perf_counter()
-        mx.eval(out)
-        build.append(built - start)
-        evaluate.append(time.perf_counter() - built)
-    return build, evaluate
+    return [build_encode_wait(lambda: model(token, cache=kv)) for _ in range(steps)]
 
 
 def step_split(model: nn.Module, steps: int = 16) -> str:
-    """Median host time to build a decoding step's graph and to evaluate it, as text for
-    the model's line."""
-    build, evaluate = step_times(model, steps)
-    return (
-        f"  step: build {statistics.median(build) * 1e3:.2f} ms,"
-        f" evaluate {statistics.median(evaluate) * 1e3:.2f} ms"
-    )
+    """Median host time to build a decoding step's graph and to encode it, and the wait
+    for its evaluation after that, as text for the model's line."""
+    build, encode, wait = medians_ms(step_times(model, steps))
+    return f"  step: build {build:.2f} ms, encode {encode:.2f} ms, wait {wait:.2f} ms"
 
 
 def logits(model: nn.Module, tokens: list[int]) -> mx.array:

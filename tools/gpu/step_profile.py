@@ -19,10 +19,8 @@ second.
 """
 
 import argparse
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -33,32 +31,12 @@ import mlx_fpqmm
 from mlx_fpqmm._linear import QuantizedLinear
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from decode_speed import random_model  # noqa: E402
-
-
-def build_encode_wait(build: Callable[[], object]) -> tuple[float, float, float]:
-    """Seconds to build a graph (``build()``, its outputs), to encode it
-    (``mx.async_eval``) and to wait for the GPU after that."""
-    mx.synchronize()
-    start = time.perf_counter()
-    outputs = build()
-    built = time.perf_counter()
-    mx.async_eval(outputs)
-    encoded = time.perf_counter()
-    mx.synchronize()
-    return built - start, encoded - built, time.perf_counter() - encoded
-
-
-def medians_ms(runs: list[tuple[float, float, float]]) -> list[float]:
-    return [statistics.median(part) * 1e3 for part in zip(*runs, strict=True)]
+from decode_speed import build_encode_wait, medians_ms, random_model, step_times  # noqa: E402
 
 
 def step_parts(model: nn.Module, steps: int) -> list[float]:
     """Median milliseconds to build, encode and wait for a decoding step."""
-    kv = cache.make_prompt_cache(model)
-    mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=kv))
-    token = mx.array([[5]])
-    return medians_ms([build_encode_wait(lambda: model(token, cache=kv)) for _ in range(steps)])
+    return medians_ms(step_times(model, steps))
 
 
 def pipelined_rate(model: nn.Module, steps: int, stream: mx.Stream) -> float:
