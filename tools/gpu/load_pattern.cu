@@ -3,7 +3,7 @@
 // 64 bytes of a row per quad of lanes, 1, 2 or 4 passes in flight) with no
 // arithmetic, beside the same bytes read row-major per block and streamed
 // over the whole matrix; 1 GiB of copies back to back, CUDA events, median
-// of 7. Built and run on the GPU machine (README, "What limits qmv"):
+// of 7. Built and run on the GPU machine (docs/cuda-log.md, "What limits qmv"):
 //   nvcc -O3 -std=c++20 -Icsrc -gencode arch=compute_90a,code=sm_90a \
 //     tools/gpu/load_pattern.cu -o /tmp/load_pattern && /tmp/load_pattern
 #include <cuda_runtime.h>

@@ -167,8 +167,8 @@ void plan_split_k(
 }
 
 // Whether fp_qmv's wide blocks (kQmvWideMinBlocks an SM) half fill the GPU,
-// where they were measured faster than the narrow ones on the H200 (README:
-// M = 1 and 8; other GPUs take the same rule unmeasured).
+// where they were measured faster than the narrow ones on the H200
+// (docs/cuda-log.md: M = 1 and 8; other GPUs take the same rule unmeasured).
 bool qmv_wide_blocks_fill(
     const QmmProblem& p, const CudaDevice& device, int64_t batch_count) {
   const int64_t blocks = ceil_div(p.N, fc::kQmvWideRowsPerBlock) *
@@ -306,8 +306,8 @@ int qmm_x_blocks(int64_t rows, bool grouped) {
 
 // fp_qmm_wgmma's tiles of 64 W rows per warpgroup: two (256 rows a block)
 // where those blocks would half fill the GPU, else one (and split K where
-// even those would not). Measured on the H200 (README, "wgmma"), 256 / 128
-// rows: 14336 x 4096, M = 128 (56 blocks of 256) 65.5 / 39.7 us, M = 256
+// even those would not). Measured on the H200 (docs/cuda-log.md, "wgmma"), 256
+// / 128 rows: 14336 x 4096, M = 128 (56 blocks of 256) 65.5 / 39.7 us, M = 256
 // (112) 66.3 / 78.2; 4096 x 4096, M = 512 (64) 65.5 / 39.6, M = 1024 (128)
 // 65.8 / 77.2.
 int wgmma_tiles(const QmmProblem& p, const CudaDevice& device) {
@@ -918,7 +918,7 @@ KernelPlan plan(
           plan);
       // x split into two parts (two tiles a warp) keeps a split smaller
       // than the cluster's in partial sums: measured faster on the H200
-      // (README), where the cluster's more splits cost more than the
+      // (docs/cuda-log.md), where the cluster's more splits cost more than the
       // partials' kernel.
       const bool cluster_pays =
           one_x_part(p) || plan.split_k >= fc::kClusterSplits;

@@ -69,15 +69,16 @@ inline constexpr int kDecodeRows =
     fpqmm::cuda::kMaxXBlocks * fpqmm::cuda::kXBlockRows;
 // The most rows of x per W matrix that the simple path takes by default: past
 // it dequantizing W once (FpDequantize) and a dense GEMM cost less. Measured
-// on the H200 (README), 14336 x 4096, simple / dequantize + matmul: M = 32
-// mxfp4 64.6 / 89.8 us, nvfp4 71.7 / 93.4, mxfp8 91.2 / 130.5; M = 48 98.7 /
-// 88.9, 99.5 / 100.4, 131.6 / 121.1.
+// on the H200 (docs/cuda-log.md), 14336 x 4096, simple / dequantize +
+// matmul: M = 32 mxfp4 64.6 / 89.8 us, nvfp4 71.7 / 93.4, mxfp8 91.2 /
+// 130.5; M = 48 98.7 / 88.9, 99.5 / 100.4, 131.6 / 121.1.
 inline constexpr int kSimpleRows = 40;
 // float32 x split once into bfloat16 parts (plan_x_parts) up to
 // kXPartsMaxRows rows, where W has at least kXPartsMinWeightBytes: measured
-// on the H200 (README), M = 1, it takes 14336 x 4096 mxfp4 from 24.1 to 20.0
-// us and 4096 x 4096 from 15.4 to 12.8, but 1024 x 4096 (2 MiB) from 7.7 to
-// 10.7 (two more launches), and M = 8 (two x blocks) from 31.5 to 38.9.
+// on the H200 (docs/cuda-log.md), M = 1, it takes 14336 x 4096 mxfp4 from 24.1
+// to 20.0 us and 4096 x 4096 from 15.4 to 12.8, but 1024 x 4096 (2 MiB)
+// from 7.7 to 10.7 (two more launches), and M = 8 (two x blocks) from 31.5
+// to 38.9.
 inline constexpr int kXPartsMaxRows = fpqmm::cuda::kXBlockRows / 2;
 inline constexpr int64_t kXPartsMinWeightBytes = int64_t(8) << 20;
 // The same for the tiled path (fp_qmm).
@@ -85,9 +86,9 @@ inline constexpr int kTiledRows = 128;
 static_assert(kTiledRows >= kSimpleRows);
 // fp_qmm takes 32 rows of x a block up to kQmmSmallRows rows per W matrix,
 // 64 above, and in the grouped gather 64 from kQmmGroupedLargeRows rows an
-// expert on average. Measured on the H200 (README), 14336 x 4096 mxfp4, 32 /
-// 64 rows: M = 64 63.4 / 64.8 us, M = 128 124.8 / 95.5; gather, 32 experts
-// of 2880 x 2880, 128 tokens (16 an expert) 120 / 172, 512 tokens (64)
+// expert on average. Measured on the H200 (docs/cuda-log.md), 14336 x 4096
+// mxfp4, 32 / 64 rows: M = 64 63.4 / 64.8 us, M = 128 124.8 / 95.5; gather, 32
+// experts of 2880 x 2880, 128 tokens (16 an expert) 120 / 172, 512 tokens (64)
 // 274 / 255.
 inline constexpr int kQmmSmallRows = 64;
 inline constexpr int kQmmGroupedLargeRows = 64;
@@ -100,9 +101,9 @@ std::string tiled_reason(const QmmProblem& problem);
 // The rows of x per W matrix from which (above kWgmmaMinRows: every row
 // count past the decode range) and up to which fp_qmm_wgmma takes a product
 // where it runs (more rows: dequantize + matmul). Measured on the H200
-// through MLX (README, "Fourth session of 2026-12-04"): with its blocks of
-// 64 rows of x, fp_qmm_wgmma beats fp_qmm from 24 rows at 14336 x 4096 and
-// 4096 x 4096 (at 17 to 23 rows both take as long as at 24).
+// through MLX (docs/cuda-log.md, "Fourth session of 2026-12-04"): with its
+// blocks of 64 rows of x, fp_qmm_wgmma beats fp_qmm from 24 rows at 14336 x
+// 4096 and 4096 x 4096 (at 17 to 23 rows both take as long as at 24).
 inline constexpr int kWgmmaMinRows = kDecodeRows;
 inline constexpr int kWgmmaMaxRows = 512;
 // Why fp_qmm_wgmma cannot take `problem` on `device` (sm_90, x @ W^T of one
@@ -116,17 +117,17 @@ std::string wgmma_reason(const QmmProblem& problem, const CudaDevice& device);
 inline constexpr int64_t kGroupedMinPairs = 8;
 // The grouped path multiplies with fp_qmm_grouped (runs of up to 32 or 64
 // pairs) from this many pairs an expert, on average, where fp_qmm runs.
-// Measured on the H200 (README), 32 experts of 2880 x 2880, kernels alone,
-// sorted, fp_qmv_grouped / fp_qmm_grouped: 32 tokens (4 pairs an expert)
+// Measured on the H200 (docs/cuda-log.md), 32 experts of 2880 x 2880, kernels
+// alone, sorted, fp_qmv_grouped / fp_qmm_grouped: 32 tokens (4 pairs an expert)
 // 111.3 / 111.4 us; 128 tokens (16) fp_qmm_grouped 119.5, fp_qmv_grouped
 // 186.5 in an earlier session's run (not side by side).
 inline constexpr int kTiledGroupRows = 8;
 // ... and with fp_qmm_wgmma_grouped (runs of up to 128 pairs) from this
-// many on sm_90 where it runs (bfloat16 x). Measured on the H200 (README),
-// 32 experts of 2880 x 2880, kernels alone, fp_qmm_grouped /
-// fp_qmm_wgmma_grouped: 128 tokens (16 pairs an expert) 121.2 / 192.6 us,
-// 512 tokens (64) 263.9 / 181.8; between them not measured. Where it runs,
-// the op never takes dequantize + gather_mm by default: through MLX,
+// many on sm_90 where it runs (bfloat16 x). Measured on the H200
+// (docs/cuda-log.md), 32 experts of 2880 x 2880, kernels alone, fp_qmm_grouped
+// / fp_qmm_wgmma_grouped: 128 tokens (16 pairs an expert) 121.2 / 192.6 us, 512
+// tokens (64) 263.9 / 181.8; between them not measured. Where it runs, the op
+// never takes dequantize + gather_mm by default: through MLX,
 // fp_qmm_wgmma_grouped took 3.8-4.5x less time at 2,048 and 8,192 tokens
 // than dequantize + gather_mm had in an earlier session (not side by side).
 inline constexpr int kWgmmaGroupRows = 48;
@@ -183,8 +184,8 @@ bool grouped_gather(const QmmProblem& problem);
 
 inline constexpr int kGroupedGemmMaxExperts = 1024;
 inline constexpr int64_t kMaxGridZ = 65535;
-// Measured on the H200 (README; both paths forced, one device run), 32
-// experts of 2880 x 2880, top 4, mxfp4, sorted, the grouped path /
+// Measured on the H200 (docs/cuda-log.md; both paths forced, one device run),
+// 32 experts of 2880 x 2880, top 4, mxfp4, sorted, the grouped path /
 // dequantize + gather_mm: 1,024 tokens (128 rows an expert) 1218 / 1274 us,
 // 1,536 tokens (192) 1833 / 1415.
 inline constexpr int kGatherRowsPerExpert = 192;

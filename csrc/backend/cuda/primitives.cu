@@ -110,10 +110,10 @@ bool recording_graphs() {
 // next graph of the same key (cudaGraphExecUpdate). An update keeps a node's
 // thread block cluster shape, which fp_qmv_cluster has compiled in: updated
 // into or out of that kernel's node, a kernel ran with the wrong shape or
-// not at all (README, "Graph updates"). So that kernel's node is followed by
-// an empty child graph whose key names it, and graphs share a key only where
-// it sits in the same places. It must follow the node: added before, it
-// would take the kernel's inputs and outputs in MLX's dependency tracking.
+// not at all (docs/cuda-log.md, "Graph updates"). So that kernel's node is
+// followed by an empty child graph whose key names it, and graphs share a key
+// only where it sits in the same places. It must follow the node: added before,
+// it would take the kernel's inputs and outputs in MLX's dependency tracking.
 void add_kernel_key(mx::cu::CommandEncoder& encoder, const void* kernel) {
   // One empty graph, never destroyed; the encoder adds a copy of it, and a
   // graph is not safe to read from two threads at once.
