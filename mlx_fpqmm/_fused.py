@@ -5,16 +5,21 @@ A model's attention calls ``q_proj``, ``k_proj`` and ``v_proj`` on one x, and it
 K, so nothing is requantized) make one product with N the sum of theirs: fewer launches a
 token, which a decoding step pays for on the host, and no small products that leave the
 GPU half idle. The layers stay where the model has them; the first one called on an x
-computes the product for all, and each returns its part of it.
+computes the product for all, and each returns its part of it. The experts of a
+mixture-of-experts MLP (``SwitchGLU``'s ``gate_proj`` and ``up_proj``, called on one x and
+one set of indices) are fused the same way, expert by expert, into one ``gather_qmm``.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from ._ext import gather_qmm
 from ._formats import qmm_for_mode
 from ._layers import wrap
 from ._linear import QuantizedLinear
@@ -27,35 +32,37 @@ _GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"
 
 
 class _Siblings:
-    """The layers' W rows and scales side by side, and the last x's product of them.
+    """The layers' W rows and scales side by side, and the last inputs' product of them.
 
     A product is shared only as the layers of a model's attention or MLP use it: each
-    layer once on one x, the others on the same x before the next. Anything else (a layer
-    called twice or alone, a layer's ``weight`` or ``scales`` replaced, as by
-    ``load_weights``, or traced by a transform such as ``mx.grad`` of the model) ends the
-    sharing for good: the concatenated arrays are released and each layer multiplies on
-    its own rows from then on. Like mlx-lm's models, it is not for calls from several
-    threads at once.
+    layer once on the same inputs (x, and a switch layer's indices), the others on the same
+    inputs before the next. Anything else (a layer called twice or alone, a layer's
+    ``weight`` or ``scales`` replaced, as by ``load_weights``, or traced by a transform such
+    as ``mx.grad`` of the model) ends the sharing for good: the concatenated arrays are
+    released and each layer multiplies on its own rows from then on. Like mlx-lm's models,
+    it is not for calls from several threads at once.
     """
 
-    def __init__(self, layers: list[QuantizedLinear]):
+    def __init__(self, layers: list[nn.Module], multiply: Callable[..., mx.array]):
         first = layers[0]
         self.mode, self.group_size = first.mode, first.group_size
-        self.weight = mx.concatenate([layer.weight for layer in layers])
-        self.scales = mx.concatenate([layer.scales for layer in layers])
-        ends = list(itertools.accumulate(layer.weight.shape[0] for layer in layers))
+        # Rows are the last axis but one: a Linear's (N, K), a switch layer's (E, N, K).
+        self.weight = mx.concatenate([layer.weight for layer in layers], axis=-2)
+        self.scales = mx.concatenate([layer.scales for layer in layers], axis=-2)
+        ends = list(itertools.accumulate(layer.weight.shape[-2] for layer in layers))
         rows = list(zip([0, *ends[:-1]], ends, strict=True))
-        self.weights = [self.weight[start:end] for start, end in rows]
-        self.scale_rows = [self.scales[start:end] for start, end in rows]
+        self.weights = [self.weight[..., start:end, :] for start, end in rows]
+        self.scale_rows = [self.scales[..., start:end, :] for start, end in rows]
         self.shared = True
+        self._multiply = multiply
         self._splits = ends[:-1]
-        self._x: mx.array | None = None
+        self._inputs: tuple = ()
         self._parts: list[mx.array] = []
-        self._taken = 0  # a bit a layer that has its part of the product of x
+        self._taken = 0  # a bit a layer that has its part of the product of the inputs
         self._everyone = (1 << len(layers)) - 1
 
-    def output(self, index: int, layer: QuantizedLinear, x: mx.array) -> mx.array | None:
-        """Layer ``index``'s part of the product of ``x``, or ``None``: the layer then
+    def output(self, index: int, layer: nn.Module, *inputs) -> mx.array | None:
+        """Layer ``index``'s part of the product of ``inputs``, or ``None``: the layer then
         multiplies on its own."""
         if not self.shared:
             return None
@@ -64,23 +71,46 @@ class _Siblings:
         ):
             return self._stop()
         bit = 1 << index
-        if x is not self._x or self._taken & bit:
-            if self._taken:  # a sibling missed the last x: not used together
+        same = len(inputs) == len(self._inputs) and all(
+            a is b for a, b in zip(inputs, self._inputs, strict=False)
+        )
+        if not same or self._taken & bit:
+            if self._taken:  # a sibling missed the last inputs: not used together
                 return self._stop()
-            qmm = qmm_for_mode(self.mode)
-            y = qmm(x, self.weight, self.scales, True, self.group_size, self.mode)
+            y = self._multiply(self, *inputs)
             # One split for all (a graph op of views), cheaper to build than slices.
-            self._x, self._parts = x, mx.split(y, self._splits, axis=-1)
+            self._inputs, self._parts = inputs, mx.split(y, self._splits, axis=-1)
         self._taken |= bit
         part = self._parts[index]
-        if self._taken == self._everyone:  # all taken: let x and the product go
-            self._x, self._parts, self._taken = None, [], 0
+        if self._taken == self._everyone:  # all taken: let the inputs and product go
+            self._inputs, self._parts, self._taken = (), [], 0
         return part
 
     def _stop(self) -> None:
         self.shared = False
-        self.weight = self.scales = self._x = None
-        self.weights, self.scale_rows, self._parts = [], [], []
+        self.weight = self.scales = None
+        self.weights, self.scale_rows, self._inputs, self._parts = [], [], (), []
+
+
+def _linear_product(siblings: _Siblings, x: mx.array) -> mx.array:
+    qmm = qmm_for_mode(siblings.mode)
+    return qmm(x, siblings.weight, siblings.scales, True, siblings.group_size, siblings.mode)
+
+
+def switch_product(
+    siblings: _Siblings, x: mx.array, indices: mx.array, sorted_indices: bool
+) -> mx.array:
+    """The product of fused switch layers (the experts' rows side by side)."""
+    return gather_qmm(
+        x,
+        siblings.weight,
+        siblings.scales,
+        rhs_indices=indices,
+        transpose=True,
+        group_size=siblings.group_size,
+        mode=siblings.mode,
+        sorted_indices=sorted_indices,
+    )
 
 
 class FusedQuantizedLinear(QuantizedLinear):
@@ -97,6 +127,7 @@ class FusedQuantizedLinear(QuantizedLinear):
 
     _siblings: _Siblings | None = None
     _index = 0
+    _product = staticmethod(_linear_product)
 
     def __call__(self, x: mx.array) -> mx.array:
         y = self._siblings.output(self._index, self, x) if self._siblings else None
@@ -107,29 +138,40 @@ class FusedQuantizedLinear(QuantizedLinear):
         return y
 
 
-def _fusable(layers: list[nn.Module]) -> bool:
+def _fused_class(layers: list[nn.Module]) -> type[nn.Module] | None:
+    """The fused layers' class where ``layers`` can share one product, else ``None``."""
     first = layers[0]
-    return all(
-        type(layer) is QuantizedLinear
-        and "global_scale" not in layer
+    fused = None
+    if type(first) is QuantizedLinear:
+        fused = FusedQuantizedLinear
+    # Only where mlx-lm's layers were imported can a layer be a switch layer of ours.
+    switch = sys.modules.get(f"{__package__}._switch")
+    if switch is not None and type(first) is switch.QuantizedSwitchLinear:
+        fused = switch.FusedQuantizedSwitchLinear
+    same = all(
+        type(layer) is type(first)
+        and layer.get("global_scale") is None
         and layer.mode == first.mode
         and layer.group_size == first.group_size
-        and layer.weight.shape[1] == first.weight.shape[1]
+        and layer.weight.shape[:-2] == first.weight.shape[:-2]
+        and layer.weight.shape[-1] == first.weight.shape[-1]
         and layer.scales.dtype == first.scales.dtype
         for layer in layers
     )
+    return fused if same else None
 
 
 def _fuse_group(module: nn.Module, names: tuple[str, ...]) -> bool:
     """Fuse ``module``'s layers ``names`` where they can be; whether they were. Its old
     layers, and their arrays, go when it returns, before the next group is copied."""
     layers = [module[name] for name in names]
-    if not _fusable(layers):
+    fused = _fused_class(layers)
+    if fused is None:
         return False
-    siblings = _Siblings(layers)
+    siblings = _Siblings(layers, fused._product)
     mx.eval(siblings.weight, siblings.scales, siblings.weights, siblings.scale_rows)
     for index, (name, layer) in enumerate(zip(names, layers, strict=True)):
-        sibling = wrap(FusedQuantizedLinear, layer)
+        sibling = wrap(fused, layer)
         sibling.weight = siblings.weights[index]
         sibling.scales = siblings.scale_rows[index]
         sibling._siblings, sibling._index = siblings, index
@@ -146,8 +188,12 @@ def fuse_projections(model: nn.Module) -> list[str]:
     without a ``global_scale``, the layers become :class:`FusedQuantizedLinear`: their W
     rows and scales are concatenated once (the old arrays are released), each keeps its
     rows as a view, and the first of them called on an x multiplies it by all of their
-    rows in one product. The layers of a group must be called on the same x, unchanged
-    between their calls (as models call them); a group used otherwise (a layer called
+    rows in one product. The experts of mlx-lm's ``SwitchGLU`` (``gate_proj`` and
+    ``up_proj``, each a ``QuantizedSwitchLinear`` of the same experts) become
+    ``FusedQuantizedSwitchLinear`` alike, their rows concatenated expert by expert, and
+    multiply in one ``gather_qmm`` for the x and indices they are called on. The layers
+    of a group must be called on the same inputs, unchanged between their calls (as
+    models call them); a group used otherwise (a layer called
     twice or alone, its ``weight`` or ``scales`` replaced, its arrays traced by a
     transform such as training's ``nn.value_and_grad``) goes back to separate products
     for good, releasing the concatenated arrays. The outputs are those of the separate

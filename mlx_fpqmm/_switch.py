@@ -12,9 +12,10 @@ import mlx.core as mx
 from mlx_lm.models import switch_layers
 
 from ._ext import gather_qmm
+from ._fused import _Siblings, switch_product
 from ._layers import quantize_weight, setup, wrap
 
-__all__ = ["QuantizedSwitchLinear"]
+__all__ = ["FusedQuantizedSwitchLinear", "QuantizedSwitchLinear"]
 
 
 class QuantizedSwitchLinear(switch_layers.QuantizedSwitchLinear):
@@ -114,3 +115,30 @@ class QuantizedSwitchLinear(switch_layers.QuantizedSwitchLinear):
         if "global_scale" not in quantized:
             quantized.global_scale = None
         return quantized
+
+
+class FusedQuantizedSwitchLinear(QuantizedSwitchLinear):
+    """A :class:`QuantizedSwitchLinear` whose product comes from one shared with its
+    siblings (``SwitchGLU``'s ``gate_proj`` and ``up_proj``).
+
+    Made by :func:`mlx_fpqmm.nn.fuse_projections`. Its ``weight`` and ``scales`` are its
+    rows of each expert in the siblings' concatenated arrays (views: no copy), so it saves,
+    loads and multiplies on its own as a :class:`QuantizedSwitchLinear` does. Called on the
+    x and indices its siblings are called on, the first call computes one ``gather_qmm`` of
+    all of them and each returns its part (plus its experts' bias).
+    """
+
+    __module__ = "mlx_fpqmm.nn"
+
+    _siblings: _Siblings | None = None
+    _index = 0
+    _product = staticmethod(switch_product)
+
+    def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
+        shared = self._siblings
+        y = shared.output(self._index, self, x, indices, sorted_indices) if shared else None
+        if y is None:
+            return super().__call__(x, indices, sorted_indices)
+        if "bias" in self:
+            y = y + mx.expand_dims(self["bias"][indices], -2)
+        return y

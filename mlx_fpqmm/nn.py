@@ -54,10 +54,10 @@ _MLA = "mlx_lm.models.mla"
 def __getattr__(name: str):
     # These subclass mlx-lm's layers: importing them imports mlx-lm (so they are not in
     # __all__, where a star import would need mlx-lm).
-    if name == "QuantizedSwitchLinear":
-        from ._switch import QuantizedSwitchLinear
+    if name in ("QuantizedSwitchLinear", "FusedQuantizedSwitchLinear"):
+        from . import _switch
 
-        return QuantizedSwitchLinear
+        return getattr(_switch, name)
     if name == "QuantizedMultiLinear":
         from ._multi import QuantizedMultiLinear
 

@@ -253,3 +253,94 @@ def test_each_groups_old_arrays_go_before_the_next_is_copied():
     # A second copy of one group at a time, not of all twelve.
     assert mx.get_peak_memory() - base <= 1.5 * max(groups) < sum(groups)
     assert mx.get_active_memory() <= base
+
+
+class GatherProducts:
+    """Counts the expert products run by fused switch layers and by layers on their own."""
+
+    def __init__(self, monkeypatch):
+        from mlx_fpqmm import _switch
+
+        self.fused = self.separate = 0
+        for module, field in ((_fused, "fused"), (_switch, "separate")):
+            op = module.gather_qmm
+
+            def counted(*args, _op=op, _field=field, **kwargs):
+                setattr(self, _field, getattr(self, _field) + 1)
+                return _op(*args, **kwargs)
+
+            monkeypatch.setattr(module, "gather_qmm", counted)
+
+
+def moe_model(arch: str, mode: str) -> nn.Module:
+    from test_moe_models import CONFIGS
+
+    module, config = CONFIGS[arch]
+    mx.random.seed(0)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    quantize(model, mode=mode)
+    mx.eval(model.parameters())
+    return model
+
+
+# gpt-oss: biased experts (SwitchGLU's bias); Qwen3-MoE: none. 3 tokens of top 2 pair
+# each token with its experts as they come; 40 tokens (80 pairs) make mlx-lm sort them.
+@pytest.mark.parametrize("tokens", [3, 40])
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("arch, experts", [("gpt_oss", "experts"), ("qwen3_moe", "switch_mlp")])
+def test_fused_experts_match_separate_layers(arch, experts, mode, tokens, monkeypatch):
+    from mlx_fpqmm.nn import FusedQuantizedSwitchLinear, QuantizedSwitchLinear
+
+    separate = moe_model(arch, mode)
+    model = moe_model(arch, mode)
+    paths = fuse_projections(model)
+    assert {p for p in paths if experts in p} == {
+        f"model.layers.{i}.mlp.{experts}.{name}"
+        for i in range(2)
+        for name in ("gate_proj", "up_proj")
+    }
+    switch = getattr(model.layers[0].mlp, experts)
+    assert type(switch.gate_proj) is FusedQuantizedSwitchLinear
+    assert isinstance(switch.up_proj, QuantizedSwitchLinear)
+    reference = getattr(separate.layers[0].mlp, experts)
+    assert switch.up_proj.weight.shape == reference.up_proj.weight.shape
+
+    x = mx.random.randint(0, 256, (1, tokens), key=mx.random.key(tokens))
+    products = GatherProducts(monkeypatch)
+    y = model(x)
+    # gate/up as one gather a layer; down_proj on its own.
+    assert (products.fused, products.separate) == (2, 2)
+    assert switch.gate_proj._siblings.shared
+    assert max_error(y, separate(x)) <= 1e-6
+
+
+def test_fused_experts_alone_save_and_decode(tmp_path, monkeypatch):
+    separate = moe_model("gpt_oss", "mxfp4")
+    model = moe_model("gpt_oss", "mxfp4")
+    fuse_projections(model)
+    experts, reference = model.layers[1].mlp.experts, separate.layers[1].mlp.experts
+    x = mx.random.normal((3, 1, 1, 128))
+    indices = mx.array([[0, 2], [3, 3], [1, 0]])
+
+    # The experts' rows stay each layer's own: saved, loaded and multiplied alone.
+    model.save_weights(str(tmp_path / "fused.safetensors"))
+    plain = moe_model("gpt_oss", "mxfp4")
+    plain.load_weights(str(tmp_path / "fused.safetensors"), strict=True)
+    prompt = mx.array([1, 2, 3, 4])
+
+    def greedy(m):
+        return [int(t) for t, _ in generate_step(prompt, m, max_tokens=8)]
+
+    assert greedy(model) == greedy(separate) == greedy(plain)
+
+    up, gate = reference.up_proj(x, indices), reference.gate_proj(x, indices)
+    products = GatherProducts(monkeypatch)
+    assert max_error(experts.up_proj(x, indices), up) <= 1e-6
+    assert max_error(experts.gate_proj(x, indices), gate) <= 1e-6
+    assert (products.fused, products.separate) == (1, 0)
+    # A layer called again before its sibling: shared no more, each on its own from then on.
+    for _ in range(2):
+        assert max_error(experts.up_proj(x, indices), up) <= 1e-6
+    assert max_error(experts.gate_proj(x, indices), gate) <= 1e-6
+    assert not experts.up_proj._siblings.shared and experts.gate_proj._siblings.weight is None
+    assert (products.fused, products.separate) == (2, 2)
