@@ -45,6 +45,7 @@ class _Siblings:
 
     def __init__(self, layers: list[nn.Module], multiply: Callable[..., mx.array]):
         first = layers[0]
+        self.layers: list[nn.Module] = []  # the fused layers that use it, once made
         self.mode, self.group_size = first.mode, first.group_size
         # Rows are the last axis but one: a Linear's (N, K), a switch layer's (E, N, K).
         self.weight = mx.concatenate([layer.weight for layer in layers], axis=-2)
@@ -88,8 +89,16 @@ class _Siblings:
 
     def _stop(self) -> None:
         self.shared = False
+        # A switch layer's rows of every expert are a strided view, which each product
+        # of its own would copy whole: the layers that still hold theirs copy them once.
+        for layer, weight, scales in zip(self.layers, self.weights, self.scale_rows, strict=True):
+            if weight.ndim > 2 and layer["weight"] is weight:
+                layer.weight = mx.contiguous(weight)
+            if scales.ndim > 2 and layer["scales"] is scales:
+                layer.scales = mx.contiguous(scales)
         self.weight = self.scales = None
         self.weights, self.scale_rows, self._inputs, self._parts = [], [], (), []
+        self.layers = []
 
 
 def _linear_product(siblings: _Siblings, x: mx.array) -> mx.array:
@@ -176,6 +185,7 @@ def _fuse_group(module: nn.Module, names: tuple[str, ...]) -> bool:
         sibling.scales = siblings.scale_rows[index]
         sibling._siblings, sibling._index = siblings, index
         setattr(module, name, sibling)
+        siblings.layers.append(sibling)
     return True
 
 
@@ -196,7 +206,8 @@ def fuse_projections(model: nn.Module) -> list[str]:
     models call them); a group used otherwise (a layer called
     twice or alone, its ``weight`` or ``scales`` replaced, its arrays traced by a
     transform such as training's ``nn.value_and_grad``) goes back to separate products
-    for good, releasing the concatenated arrays. The outputs are those of the separate
+    for good, releasing the concatenated arrays (switch layers then copy their experts'
+    rows once, which would be a strided view). The outputs are those of the separate
     layers, up to float rounding. Apply it after :func:`convert` or :func:`quantize`, for
     inference.
 

@@ -272,13 +272,21 @@ class GatherProducts:
             monkeypatch.setattr(module, "gather_qmm", counted)
 
 
-def moe_model(arch: str, mode: str) -> nn.Module:
+def moe_model(arch: str, mode: str, **kwargs) -> nn.Module:
+    """A tiny mlx-lm MoE model, quantized; its experts' biases (gpt-oss) random, each
+    layer's its own (mlx-lm's start at zero, which would hide a bias taken wrongly)."""
     from test_moe_models import CONFIGS
+
+    from mlx_fpqmm.nn import QuantizedSwitchLinear
 
     module, config = CONFIGS[arch]
     mx.random.seed(0)
     model = module.Model(module.ModelArgs.from_dict(config))
-    quantize(model, mode=mode)
+    quantize(model, mode=mode, **kwargs)
+    switches = [m for _, m in model.named_modules() if isinstance(m, QuantizedSwitchLinear)]
+    for seed, layer in enumerate(switches):
+        if "bias" in layer:
+            layer.bias = mx.random.normal(layer.bias.shape, key=mx.random.key(seed))
     mx.eval(model.parameters())
     return model
 
@@ -344,3 +352,15 @@ def test_fused_experts_alone_save_and_decode(tmp_path, monkeypatch):
     assert max_error(experts.gate_proj(x, indices), gate) <= 1e-6
     assert not experts.up_proj._siblings.shared and experts.gate_proj._siblings.weight is None
     assert (products.fused, products.separate) == (2, 2)
+    # Each took its experts' rows as its own once: no copy of them a call from then on.
+    mx.eval(experts.up_proj.parameters())
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    mx.eval(experts.up_proj(x, indices))
+    assert mx.get_peak_memory() - base < experts.up_proj.weight.nbytes
+
+
+def test_experts_with_a_tensor_scale_each_are_not_fused():
+    model = moe_model("qwen3_moe", "nvfp4", global_scale=True)
+    assert "global_scale" in model.layers[0].mlp.switch_mlp.up_proj
+    assert not [p for p in fuse_projections(model) if "switch_mlp" in p]
