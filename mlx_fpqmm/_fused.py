@@ -13,6 +13,7 @@ one set of indices) are fused the same way, expert by expert, into one ``gather_
 from __future__ import annotations
 
 import itertools
+import operator
 import sys
 from collections.abc import Callable
 
@@ -72,9 +73,7 @@ class _Siblings:
         ):
             return self._stop()
         bit = 1 << index
-        same = len(inputs) == len(self._inputs) and all(
-            a is b for a, b in zip(inputs, self._inputs, strict=False)
-        )
+        same = len(inputs) == len(self._inputs) and all(map(operator.is_, inputs, self._inputs))
         if not same or self._taken & bit:
             if self._taken:  # a sibling missed the last inputs: not used together
                 return self._stop()
