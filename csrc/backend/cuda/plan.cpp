@@ -306,10 +306,10 @@ int qmm_x_blocks(int64_t rows, bool grouped) {
 
 // fp_qmm_wgmma's tiles of 64 W rows per warpgroup: two (256 rows a block)
 // where those blocks would half fill the GPU, else one (and split K where
-// even those would not). Measured on the H200 (docs/cuda-log.md, "wgmma"), 256
-// / 128 rows: 14336 x 4096, M = 128 (56 blocks of 256) 65.5 / 39.7 us, M = 256
-// (112) 66.3 / 78.2; 4096 x 4096, M = 512 (64) 65.5 / 39.6, M = 1024 (128)
-// 65.8 / 77.2.
+// even those would not). Measured on the H200 in the wgmma lab (which
+// 4f09d3e removed; these rows are not in docs/cuda-log.md), 256 / 128 rows:
+// 14336 x 4096, M = 128 (56 blocks of 256) 65.5 / 39.7 us, M = 256 (112) 66.3
+// / 78.2; 4096 x 4096, M = 512 (64) 65.5 / 39.6, M = 1024 (128) 65.8 / 77.2.
 int wgmma_tiles(const QmmProblem& p, const CudaDevice& device) {
   const int64_t wide_blocks = ceil_div(p.N, fc::wgmma_rows_per_block(2)) *
                               ceil_div(p.M, fc::wgmma_x_rows(p.M));
