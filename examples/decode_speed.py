@@ -2,8 +2,11 @@
 MLX's own quantized model and the same model on mlx_fpqmm's layers, one run.
 
     python examples/decode_speed.py [--modes mxfp4,mxfp8,nvfp4] [--tokens 128] [--prefill 2048]
+        [--model llama-3-8b|gpt-oss-20b]
 
-For each mode the bfloat16 model (the same seed every time, so the same
+``--model gpt-oss-20b`` takes gpt-oss-20b's shapes instead (24 layers, 32 experts of
+2880 x 2880 a projection, top 4: mlx-lm's ``SwitchGLU``, whose gate and up projections
+fuse into one gather). For each mode the bfloat16 model (the same seed every time, so the same
 weights) is quantized by ``mlx.nn.quantize`` (MLX's kernels) and then converted
 with ``mlx_fpqmm.convert`` (ours: the arrays are shared, nothing is requantized),
 then fused with ``mlx_fpqmm.nn.fuse_projections`` (q/k/v and gate/up as one product each).
@@ -33,7 +36,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generate_step
-from mlx_lm.models import cache, llama
+from mlx_lm.models import cache, gpt_oss, llama
 
 import mlx_fpqmm
 
@@ -51,9 +54,35 @@ LLAMA_3_8B = dict(
 )
 
 
-def random_model(layers: int) -> nn.Module:
+GPT_OSS_20B = dict(
+    model_type="gpt_oss",
+    num_hidden_layers=24,
+    num_local_experts=32,
+    num_experts_per_tok=4,
+    vocab_size=201088,
+    hidden_size=2880,
+    intermediate_size=2880,
+    head_dim=64,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    sliding_window=128,
+    rope_theta=150000,
+    layer_types=["sliding_attention", "full_attention"] * 12,
+)
+# The name, mlx-lm's module and the config of each model.
+MODELS = {
+    "llama-3-8b": ("Llama-3-8B", llama, LLAMA_3_8B),
+    "gpt-oss-20b": ("gpt-oss-20b", gpt_oss, GPT_OSS_20B),
+}
+
+
+def random_model(layers: int, model: str = "llama-3-8b") -> nn.Module:
+    _, module, config = MODELS[model]
+    config = {**config, "num_hidden_layers": layers}
+    if "layer_types" in config:
+        config["layer_types"] = config["layer_types"][:layers]
     mx.random.seed(0)
-    model = llama.Model(llama.ModelArgs.from_dict({**LLAMA_3_8B, "num_hidden_layers": layers}))
+    model = module.Model(module.ModelArgs.from_dict(config))
     model.set_dtype(mx.bfloat16)
     mx.eval(model.parameters())
     return model
@@ -74,7 +103,7 @@ def prefill_rate(model: nn.Module, length: int) -> str:
     as text for the model's line; empty without a length."""
     if length == 0:
         return ""
-    prompt = mx.random.randint(0, LLAMA_3_8B["vocab_size"], (1, length), key=mx.random.key(2))
+    prompt = mx.random.randint(0, model.args.vocab_size, (1, length), key=mx.random.key(2))
     mx.eval(model(prompt))  # warm-up
     best = float("inf")
     for _ in range(3):
@@ -143,18 +172,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default="mxfp4,mxfp8,nvfp4")
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=LLAMA_3_8B["num_hidden_layers"])
+    parser.add_argument("--model", choices=list(MODELS), default="llama-3-8b")
+    parser.add_argument("--layers", type=int, help="default: the model's")
     parser.add_argument(
         "--prefill", type=int, default=0, help="prompt length for prefill tokens/s (0: none)"
     )
     args = parser.parse_args()
-    prompt = mx.random.randint(0, LLAMA_3_8B["vocab_size"], (16,), key=mx.random.key(1))
+    name, _, config = MODELS[args.model]
+    layers = args.layers or config["num_hidden_layers"]
+    prompt = mx.random.randint(0, config["vocab_size"], (16,), key=mx.random.key(1))
     print(
         f"{time.strftime('%Y-%m-%d')} {mx.device_info().get('device_name', mx.default_device())}"
-        f", mlx {mx.__version__}: Llama-3-8B shapes ({args.layers} layers), random weights, "
+        f", mlx {mx.__version__}: {name} shapes ({layers} layers), random weights, "
         f"greedy, {args.tokens} tokens from a 16-token prompt"
     )
-    model = random_model(args.layers)
+    model = random_model(layers, args.model)
     decode(model, prompt, 8)  # warm-up
     _, rate = decode(model, prompt, args.tokens)
     print(
@@ -163,7 +195,7 @@ def main() -> None:
     )
     del model
     for mode in filter(None, args.modes.split(",")):
-        model = random_model(args.layers)
+        model = random_model(layers, args.model)
         nn.quantize(model, mode=mode)
         mx.eval(model.parameters())
         size = weight_bytes(model) / 1e9
