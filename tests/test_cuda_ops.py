@@ -589,6 +589,31 @@ def test_gather_grouped_out_of_range_lhs_indices(monkeypatch):
     assert np.isnan(gather(GPU)).all()
 
 
+@pytest.mark.parametrize("tokens", [1, 8, 40])
+def test_fused_experts_on_the_gpu(tokens):
+    """fuse_projections's gate/up gather of a gpt-oss model (expert biases, 40 tokens
+    sorted by mlx-lm) on the GPU equals the separate layers' on the GPU, and after the
+    fallback (each layer's rows copied out of the strided view) still does."""
+    from test_fused import max_error, moe_model
+
+    from mlx_fpqmm.nn import fuse_projections
+
+    with mx.stream(GPU):
+        separate = moe_model("gpt_oss", "mxfp4")
+        model = moe_model("gpt_oss", "mxfp4")
+        assert fuse_projections(model)
+        x = mx.random.randint(0, 256, (1, tokens), key=mx.random.key(tokens))
+        expected = separate(x)
+        assert max_error(model(x), expected) <= 1e-5
+        experts = model.layers[0].mlp.experts
+        h = mx.random.normal((tokens, 1, 1, 128))
+        indices = mx.array(np.random.default_rng(tokens).integers(0, 4, (tokens, 2)), mx.uint32)
+        experts.up_proj(h, indices)
+        experts.up_proj(h, indices)  # called again alone: separate products from now on
+        assert not experts.up_proj._siblings.shared
+        assert max_error(model(x), expected) <= 1e-5
+
+
 def test_more_than_2_to_the_31_weight_elements():
     """A weight of 2^31 + 2^20 codes: 64-bit offsets in the kernels."""
     N, K = 2**16 + 32, 2**15
