@@ -614,6 +614,21 @@ def test_fused_experts_on_the_gpu(tokens):
         assert max_error(model(x), expected) <= 1e-5
 
 
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_fused_projections_on_the_gpu(mode):
+    """fuse_projections's q/k/v and gate/up products of a Llama model on the GPU equal
+    the separate layers' on the GPU."""
+    from test_fused import TOKENS, max_error, quantized_model
+
+    from mlx_fpqmm.nn import fuse_projections
+
+    with mx.stream(GPU):
+        separate = quantized_model("llama", mode)
+        model = quantized_model("llama", mode)
+        assert fuse_projections(model)
+        assert max_error(model(TOKENS), separate(TOKENS)) <= 1e-5
+
+
 def test_more_than_2_to_the_31_weight_elements():
     """A weight of 2^31 + 2^20 codes: 64-bit offsets in the kernels."""
     N, K = 2**16 + 32, 2**15
