@@ -360,6 +360,28 @@ def test_fused_experts_alone_save_and_decode(tmp_path, monkeypatch):
     assert mx.get_peak_memory() - base < experts.up_proj.weight.nbytes
 
 
+@pytest.mark.parametrize("mode", ["mxfp4", "fp8"])
+def test_deepseek_attention_experts_and_shared_experts_fuse(mode, monkeypatch):
+    """DeepSeek-V3: MLA's q_a_proj and kv_a_proj_with_mqa, the dense first layer's and the
+    shared experts' gate/up, and the routed experts' gate/up."""
+    separate = moe_model("deepseek_v3", mode)
+    model = moe_model("deepseek_v3", mode)
+    paths = set(fuse_projections(model))
+    for i in range(2):
+        assert {
+            f"model.layers.{i}.self_attn.q_a_proj",
+            f"model.layers.{i}.self_attn.kv_a_proj_with_mqa",
+        } <= paths
+    assert {"model.layers.0.mlp.gate_proj", "model.layers.1.mlp.switch_mlp.gate_proj"} <= paths
+    assert "model.layers.1.mlp.shared_experts.up_proj" in paths
+    products = Products(monkeypatch)
+    for tokens in (3, 40):
+        x = mx.random.randint(0, 256, (1, tokens), key=mx.random.key(tokens))
+        assert max_error(model(x), separate(x)) <= 1e-6
+    assert model.layers[0].self_attn.q_a_proj._siblings.shared
+    assert products.fused > 0
+
+
 def test_experts_with_a_tensor_scale_each_are_not_fused():
     model = moe_model("qwen3_moe", "nvfp4", global_scale=True)
     assert "global_scale" in model.layers[0].mlp.switch_mlp.up_proj
