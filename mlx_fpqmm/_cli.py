@@ -110,6 +110,12 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
 
     parser = setup_arg_parser()
     parser.prog = "python -m mlx_fpqmm.generate"
+    parser.add_argument(
+        "--fuse-projections",
+        action="store_true",
+        help="multiply the projections that read one x as one product "
+        "(mlx_fpqmm.nn.fuse_projections: q/k/v, gate/up, the experts' gate/up)",
+    )
     args = parser.parse_args(argv)
     unsupported = [
         name
@@ -136,6 +142,10 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
         tokenizer_config=tokenizer_config,
         trust_remote_code=args.trust_remote_code,
     )
+    if args.fuse_projections:
+        from .nn import fuse_projections
+
+        fuse_projections(model)
     for eos_token in args.extra_eos_token:
         tokenizer.add_eos_token(eos_token)
     prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")

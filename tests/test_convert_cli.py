@@ -253,10 +253,15 @@ def test_generate_cli(converted):
     hf_path = converted["checkpoints"]["llama"]
     out = converted["root"] / "llama-gen"
     run("mlx_fpqmm.convert", "--hf-path", str(hf_path), "--mlx-path", str(out), "--mode", "fp4")
-    result = run(
-        "mlx_fpqmm.generate", "--model", str(out), "--prompt", "w1 w2 w3", "--max-tokens", "5"
-    )
+    command = ["mlx_fpqmm.generate", "--model", str(out), "--prompt", "w1 w2 w3"]
+    result = run(*command, "--max-tokens", "5")
     assert "Generation:" in result.stdout and "tokens-per-sec" in result.stdout
+    # Greedy: the same text with the projections fused.
+    plain, fused = (
+        run(*command, "--max-tokens", "8", "--verbose", "False", *flag).stdout
+        for flag in ([], ["--fuse-projections"])
+    )
+    assert plain.strip() and fused == plain
 
 
 def test_convert_name_stays_the_function(monkeypatch):
