@@ -88,9 +88,13 @@ class QuantizedSwitchLinear(switch_layers.QuantizedSwitchLinear):
             global_scale=self.get("global_scale"),
             sorted_indices=sorted_indices,
         )
+        return self._biased(x, indices)
+
+    def _biased(self, y: mx.array, indices: mx.array) -> mx.array:
+        """``y`` plus each pair's expert's bias, where the layer has biases."""
         if "bias" in self:
-            x = x + mx.expand_dims(self["bias"][indices], -2)
-        return x
+            y = y + mx.expand_dims(self["bias"][indices], -2)
+        return y
 
     @classmethod
     def from_switch_linear(
@@ -139,6 +143,4 @@ class FusedQuantizedSwitchLinear(QuantizedSwitchLinear):
         y = shared.output(self._index, self, x, indices, sorted_indices) if shared else None
         if y is None:
             return super().__call__(x, indices, sorted_indices)
-        if "bias" in self:
-            y = y + mx.expand_dims(self["bias"][indices], -2)
-        return y
+        return self._biased(y, indices)
