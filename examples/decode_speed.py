@@ -4,6 +4,9 @@ MLX's own quantized model and the same model on mlx_fpqmm's layers, one run.
     python examples/decode_speed.py [--modes mxfp4,mxfp8,nvfp4] [--tokens 128] [--prefill 2048]
         [--model llama-3-8b|gpt-oss-20b]
 
+``--modes`` may name ``fp4`` and ``fp8`` too (float scales, which MLX lacks): those
+models are quantized by ``mlx_fpqmm.nn.quantize`` and printed without an MLX row.
+
 ``--model gpt-oss-20b`` takes gpt-oss-20b's shapes instead (24 layers, 32 experts of
 2880 x 2880 a projection, top 4: mlx-lm's ``SwitchGLU``, whose gate and up projections
 fuse into one gather). For each mode the bfloat16 model (the same seed every time, so the same
@@ -69,6 +72,8 @@ GPT_OSS_20B = dict(
     rope_theta=150000,
     layer_types=["sliding_attention", "full_attention"] * 12,
 )
+# The modes MLX's own layers have (the others: mlx_fpqmm's alone).
+MLX_MODES = ("mxfp4", "nvfp4", "mxfp8")
 # The name, mlx-lm's module and the config of each model.
 MODELS = {
     "llama-3-8b": ("Llama-3-8B", llama, LLAMA_3_8B),
@@ -196,40 +201,56 @@ def main() -> None:
     del model
     for mode in filter(None, args.modes.split(",")):
         model = random_model(layers, args.model)
-        nn.quantize(model, mode=mode)
-        mx.eval(model.parameters())
+        reference = None
+        if mode in MLX_MODES:
+            nn.quantize(model, mode=mode)
+            mx.eval(model.parameters())
+            decode(model, prompt, 8)
+            theirs, rate = decode(model, prompt, args.tokens)
+            print(
+                f"{mode:>8} {'MLX':>10} {weight_bytes(model) / 1e9:6.2f} GB {rate:8.1f} tokens/s"
+                f"{prefill_rate(model, args.prefill)}{step_split(model)}"
+            )
+            sequence = [*prompt.tolist(), *theirs]
+            reference = logits(model, sequence)
+            done = str(mlx_fpqmm.convert(model))
+        else:  # float scales (fp4, fp8), which MLX does not have: ours alone
+            mlx_fpqmm.nn.quantize(model, mode=mode)
+            mx.eval(model.parameters())
+            done = "quantized by mlx_fpqmm.nn.quantize; MLX has no such mode"
         size = weight_bytes(model) / 1e9
         decode(model, prompt, 8)
-        theirs, rate = decode(model, prompt, args.tokens)
-        print(
-            f"{mode:>8} {'MLX':>10} {size:6.2f} GB {rate:8.1f} tokens/s"
-            f"{prefill_rate(model, args.prefill)}{step_split(model)}"
-        )
-        sequence = [*prompt.tolist(), *theirs]
-        reference = logits(model, sequence)
-        report = mlx_fpqmm.convert(model)
-        decode(model, prompt, 8)
         ours, rate = decode(model, prompt, args.tokens)
-        differ, beyond_tie = disagreements(reference, logits(model, sequence))
-        prefix = next(
-            i for i, (a, b) in enumerate(zip([*ours, None], [*theirs, -1], strict=True)) if a != b
-        )
+        agreement = done
+        if reference is not None:
+            differ, beyond_tie = disagreements(reference, logits(model, sequence))
+            prefix = next(
+                i
+                for i, (a, b) in enumerate(zip([*ours, None], [*theirs, -1], strict=True))
+                if a != b
+            )
+            agreement = (
+                f"{prefix}/{len(ours)} leading tokens equal MLX's; on MLX's sequence the greedy "
+                f"token differs at {differ}/{len(sequence)} positions, {beyond_tie} beyond a "
+                f"bfloat16 tie; {done}"
+            )
         print(
             f"{mode:>8} {'mlx_fpqmm':>10} {size:6.2f} GB {rate:8.1f} tokens/s"
-            f"{prefill_rate(model, args.prefill)}{step_split(model)}  "
-            f"({prefix}/{len(ours)} leading tokens equal MLX's; on MLX's sequence the greedy "
-            f"token differs at {differ}/{len(sequence)} positions, {beyond_tie} beyond a "
-            f"bfloat16 tie; {report})"
+            f"{prefill_rate(model, args.prefill)}{step_split(model)}  ({agreement})"
         )
         fused = len(mlx_fpqmm.nn.fuse_projections(model))
         decode(model, prompt, 8)
         _, rate = decode(model, prompt, args.tokens)
-        differ, beyond_tie = disagreements(reference, logits(model, sequence))
+        agreement = f"{fused} layers in groups of one product"
+        if reference is not None:
+            differ, beyond_tie = disagreements(reference, logits(model, sequence))
+            agreement += (
+                f"; the greedy token differs at {differ}/{len(sequence)} of MLX's positions, "
+                f"{beyond_tie} beyond a tie"
+            )
         print(
             f"{mode:>8} {'fused':>10} {size:6.2f} GB {rate:8.1f} tokens/s"
-            f"{prefill_rate(model, args.prefill)}{step_split(model)}  "
-            f"({fused} layers in groups of one product; the greedy token differs at "
-            f"{differ}/{len(sequence)} of MLX's positions, {beyond_tie} beyond a tie)"
+            f"{prefill_rate(model, args.prefill)}{step_split(model)}  ({agreement})"
         )
         del model
 
