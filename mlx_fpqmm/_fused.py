@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import operator
 import sys
+import weakref
 from collections.abc import Callable
 
 import mlx.core as mx
@@ -52,7 +53,9 @@ class _Siblings:
 
     def __init__(self, layers: list[nn.Module], multiply: Callable[..., mx.array]):
         first = layers[0]
-        self.layers: list[nn.Module] = []  # the fused layers that use it, once made
+        # The fused layers that use it, once made; weakly, so that no cycle keeps a model's
+        # arrays alive past its last reference.
+        self.layers: list[weakref.ref] = []
         self.mode, self.group_size = first.mode, first.group_size
         # Rows are the last axis but one: a Linear's (N, K), a switch layer's (E, N, K).
         self.weight = mx.concatenate([layer.weight for layer in layers], axis=-2)
@@ -96,10 +99,11 @@ class _Siblings:
         self.shared = False
         # A switch layer's rows of every expert are a strided view, which each product
         # of its own would copy whole: the layers that still hold theirs copy them once.
-        for layer, weight, scales in zip(self.layers, self.weights, self.scale_rows, strict=True):
-            if weight.ndim > 2 and layer["weight"] is weight:
+        for ref, weight, scales in zip(self.layers, self.weights, self.scale_rows, strict=True):
+            layer = ref()
+            if layer is not None and weight.ndim > 2 and layer["weight"] is weight:
                 layer.weight = mx.contiguous(weight)
-            if scales.ndim > 2 and layer["scales"] is scales:
+            if layer is not None and scales.ndim > 2 and layer["scales"] is scales:
                 layer.scales = mx.contiguous(scales)
         self.weight = self.scales = None
         self.weights, self.scale_rows, self._inputs, self._parts = [], [], (), []
@@ -190,7 +194,7 @@ def _fuse_group(module: nn.Module, names: tuple[str, ...]) -> bool:
         sibling.scales = siblings.scale_rows[index]
         sibling._siblings, sibling._index = siblings, index
         setattr(module, name, sibling)
-        siblings.layers.append(sibling)
+        siblings.layers.append(weakref.ref(sibling))
     return True
 
 
