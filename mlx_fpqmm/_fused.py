@@ -101,9 +101,11 @@ class _Siblings:
         # of its own would copy whole: the layers that still hold theirs copy them once.
         for ref, weight, scales in zip(self.layers, self.weights, self.scale_rows, strict=True):
             layer = ref()
-            if layer is not None and weight.ndim > 2 and layer["weight"] is weight:
+            if layer is None:
+                continue
+            if weight.ndim > 2 and layer["weight"] is weight:
                 layer.weight = mx.contiguous(weight)
-            if layer is not None and scales.ndim > 2 and layer["scales"] is scales:
+            if scales.ndim > 2 and layer["scales"] is scales:
                 layer.scales = mx.contiguous(scales)
         self.weight = self.scales = None
         self.weights, self.scale_rows, self._inputs, self._parts = [], [], (), []
