@@ -7,6 +7,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may download
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 from mlx_lm.models import llama, qwen3
@@ -405,3 +407,41 @@ def test_experts_with_a_tensor_scale_each_are_not_fused():
     model = moe_model("qwen3_moe", "nvfp4", global_scale=True)
     assert "global_scale" in model.layers[0].mlp.switch_mlp.up_proj
     assert not [p for p in fuse_projections(model) if "switch_mlp" in p]
+
+
+class QKV(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj = QuantizedLinear(64, 64, bias=False, mode="mxfp4")
+        self.k_proj = QuantizedLinear(64, 32, bias=True, mode="mxfp4")
+        self.v_proj = QuantizedLinear(64, 32, bias=False, mode="mxfp4")
+        self.k_proj.bias = mx.random.normal((32,), key=mx.random.key(7))
+
+
+XS = [mx.random.normal((2, 64), key=mx.random.key(k)) for k in range(3)]
+NAMES = ("q_proj", "k_proj", "v_proj")
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(NAMES), st.integers(0, len(XS) - 1)), min_size=1, max_size=12
+    ),
+    st.booleans(),
+)
+def test_any_order_of_calls_gives_each_layers_own_product(calls, replace_weight):
+    """Whatever the order of the siblings' calls and their inputs (used together, used
+    otherwise, a weight replaced midway), every call returns that layer's own product."""
+    separate, block = QKV(), QKV()
+    block.update(separate.parameters())
+    fuse_projections(block)
+    for step, (name, i) in enumerate(calls):
+        if replace_weight and step == len(calls) // 2:
+            # New values in both (as load_weights of other weights would bring).
+            rows = getattr(separate, name).weight.shape[0]
+            w, scales = mx.quantize(
+                mx.random.normal((rows, 64), key=mx.random.key(step)), mode="mxfp4"
+            )
+            for model in (block, separate):
+                getattr(model, name).weight, getattr(model, name).scales = w, scales
+        y, expected = getattr(block, name)(XS[i]), getattr(separate, name)(XS[i])
+        assert max_error(y, expected) <= 1e-6, (step, name, i)
