@@ -7,7 +7,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may download
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
@@ -444,4 +444,27 @@ def test_any_order_of_calls_gives_each_layers_own_product(calls, replace_weight)
             for model in (block, separate):
                 getattr(model, name).weight, getattr(model, name).scales = w, scales
         y, expected = getattr(block, name)(XS[i]), getattr(separate, name)(XS[i])
+        assert max_error(y, expected) <= 1e-6, (step, name, i)
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(("gate_proj", "up_proj")), st.integers(0, 2)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_any_order_of_expert_calls_gives_each_layers_own_product(calls):
+    """The same for SwitchGLU's experts: inputs are x and indices together (the third
+    pairs the first x with other indices)."""
+    separate = moe_model("gpt_oss", "mxfp4")
+    model = moe_model("gpt_oss", "mxfp4")
+    fuse_projections(model)
+    block, reference = model.layers[0].mlp.experts, separate.layers[0].mlp.experts
+    x = [mx.random.normal((3, 1, 1, 128), key=mx.random.key(k)) for k in range(2)]
+    indices = [mx.array([[0, 2], [3, 3], [1, 0]]), mx.array([[1, 3], [2, 0], [0, 2]])]
+    inputs = [(x[0], indices[0]), (x[1], indices[1]), (x[0], indices[1])]
+    for step, (name, i) in enumerate(calls):
+        y, expected = getattr(block, name)(*inputs[i]), getattr(reference, name)(*inputs[i])
         assert max_error(y, expected) <= 1e-6, (step, name, i)
