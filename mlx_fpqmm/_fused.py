@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import operator
 import sys
-import weakref
 from collections.abc import Callable
 
 import mlx.core as mx
@@ -53,9 +52,6 @@ class _Siblings:
 
     def __init__(self, layers: list[nn.Module], multiply: Callable[..., mx.array]):
         first = layers[0]
-        # The fused layers that use it, once made; weakly, so that no cycle keeps a model's
-        # arrays alive past its last reference.
-        self.layers: list[weakref.ref] = []
         self.mode, self.group_size = first.mode, first.group_size
         # Rows are the last axis but one: a Linear's (N, K), a switch layer's (E, N, K).
         self.weight = mx.concatenate([layer.weight for layer in layers], axis=-2)
@@ -95,21 +91,32 @@ class _Siblings:
             self._inputs, self._parts, self._taken = (), [], 0
         return part
 
+    def release(self, index: int, layer: nn.Module) -> None:
+        """Layer ``index`` multiplies on its own from now on. A switch layer's rows of every
+        expert are a strided view of the concatenation, which each of its products would
+        copy whole: where it still holds them, they become its own, once."""
+        for name, views in (("weight", self.weights), ("scales", self.scale_rows)):
+            if views[index].ndim > 2 and layer[name] is views[index]:
+                setattr(layer, name, mx.contiguous(views[index]))
+
     def _stop(self) -> None:
+        # The views stay until each layer has released its own (``release``).
         self.shared = False
-        # A switch layer's rows of every expert are a strided view, which each product
-        # of its own would copy whole: the layers that still hold theirs copy them once.
-        for ref, weight, scales in zip(self.layers, self.weights, self.scale_rows, strict=True):
-            layer = ref()
-            if layer is None:
-                continue
-            if weight.ndim > 2 and layer["weight"] is weight:
-                layer.weight = mx.contiguous(weight)
-            if scales.ndim > 2 and layer["scales"] is scales:
-                layer.scales = mx.contiguous(scales)
         self.weight = self.scales = None
-        self.weights, self.scale_rows, self._inputs, self._parts = [], [], (), []
-        self.layers = []
+        self._inputs, self._parts = (), []
+
+
+def shared_output(layer: nn.Module, *inputs) -> mx.array | None:
+    """A fused layer's part of its siblings' product of ``inputs``, or ``None``: the layer
+    then multiplies on its own, from now on."""
+    siblings = layer._siblings
+    if siblings is None:
+        return None
+    y = siblings.output(layer._index, layer, *inputs)
+    if y is None:
+        siblings.release(layer._index, layer)
+        layer._siblings = None
+    return y
 
 
 def _linear_product(siblings: _Siblings, x: mx.array) -> mx.array:
@@ -150,7 +157,7 @@ class FusedQuantizedLinear(QuantizedLinear):
     _product = staticmethod(_linear_product)
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = self._siblings.output(self._index, self, x) if self._siblings else None
+        y = shared_output(self, x)
         if y is None:
             return super().__call__(x)
         if "bias" in self:
@@ -196,7 +203,6 @@ def _fuse_group(module: nn.Module, names: tuple[str, ...]) -> bool:
         sibling.scales = siblings.scale_rows[index]
         sibling._siblings, sibling._index = siblings, index
         setattr(module, name, sibling)
-        siblings.layers.append(weakref.ref(sibling))
     return True
 
 
@@ -219,7 +225,9 @@ def fuse_projections(model: nn.Module) -> list[str]:
     twice or alone, its ``weight`` or ``scales`` replaced, its arrays traced by a
     transform such as training's ``nn.value_and_grad``) goes back to separate products
     for good, releasing the concatenated arrays (switch layers then copy their experts'
-    rows once, which would be a strided view). The outputs are those of the separate
+    rows once, which would be a strided view). Replace a layer's arrays by assigning new
+    ones, as ``load_weights`` does: an array changed in place (``layer.scales *= 2``) keeps
+    its identity, which is all the sharing checks. The outputs are those of the separate
     layers, up to float rounding. Apply it after :func:`convert` or :func:`quantize`, for
     inference.
 

@@ -12,7 +12,7 @@ import mlx.core as mx
 from mlx_lm.models import switch_layers
 
 from ._ext import gather_qmm
-from ._fused import _Siblings, switch_product
+from ._fused import _Siblings, shared_output, switch_product
 from ._layers import quantize_weight, setup, wrap
 
 __all__ = ["FusedQuantizedSwitchLinear", "QuantizedSwitchLinear"]
@@ -139,8 +139,7 @@ class FusedQuantizedSwitchLinear(QuantizedSwitchLinear):
     _product = staticmethod(switch_product)
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
-        shared = self._siblings
-        y = shared.output(self._index, self, x, indices, sorted_indices) if shared else None
+        y = shared_output(self, x, indices, sorted_indices)
         if y is None:
             return super().__call__(x, indices, sorted_indices)
         return self._biased(y, indices)

@@ -1,6 +1,7 @@
 """mlx_fpqmm.nn.fuse_projections: sibling projections (q/k/v, gate/up) as one product."""
 
 import os
+import pickle
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may download
 
@@ -143,7 +144,7 @@ def test_groups_used_otherwise_go_back_to_separate_products(monkeypatch):
     # A layer called again before its sibling took the last product: shared no more.
     check(mlp, [("up_proj", x), ("up_proj", other), ("gate_proj", other), ("gate_proj", x)])
     assert (products.fused, products.separate) == (3, 3)
-    assert not mlp.up_proj._siblings.shared and mlp.up_proj._siblings.weight is None
+    assert mlp.up_proj._siblings is None and mlp.gate_proj._siblings is None
 
     # A replaced weight is the layer's own again, and its sibling multiplies on its own.
     model = quantized_model("llama", "mxfp4")
@@ -352,7 +353,7 @@ def test_fused_experts_alone_save_and_decode(tmp_path, monkeypatch):
     for _ in range(2):
         assert max_error(experts.up_proj(x, indices), up) <= 1e-6
     assert max_error(experts.gate_proj(x, indices), gate) <= 1e-6
-    assert not experts.up_proj._siblings.shared and experts.gate_proj._siblings.weight is None
+    assert experts.up_proj._siblings is None and experts.gate_proj._siblings is None
     assert (products.fused, products.separate) == (2, 2)
     # Each took its experts' rows as its own once: no copy of them a call from then on.
     mx.eval(experts.up_proj.parameters())
@@ -382,6 +383,14 @@ def test_deepseek_attention_experts_and_shared_experts_fuse(mode, monkeypatch):
         assert max_error(model(x), separate(x)) <= 1e-6
     assert model.layers[0].self_attn.q_a_proj._siblings.shared
     assert products.fused > 0
+
+
+def test_a_fused_model_pickles():
+    separate = quantized_model("llama", "mxfp4")
+    model = quantized_model("llama", "mxfp4")
+    fuse_projections(model)
+    copy = pickle.loads(pickle.dumps(model))
+    assert max_error(copy(TOKENS), separate(TOKENS)) <= 1e-6
 
 
 def test_a_fused_model_goes_with_its_last_reference():
