@@ -435,23 +435,30 @@ NAMES = ("q_proj", "k_proj", "v_proj")
     st.lists(
         st.tuples(st.sampled_from(NAMES), st.integers(0, len(XS) - 1)), min_size=1, max_size=12
     ),
-    st.booleans(),
+    st.sampled_from([(), ("weight",), ("scales",), ("weight", "scales")]),
 )
-def test_any_order_of_calls_gives_each_layers_own_product(calls, replace_weight):
+def test_any_order_of_calls_gives_each_layers_own_product(calls, replaced):
     """Whatever the order of the siblings' calls and their inputs (used together, used
-    otherwise, a weight replaced midway), every call returns that layer's own product."""
+    otherwise, a layer's weight, scales or both replaced midway), every call returns that
+    layer's own product."""
     separate, block = QKV(), QKV()
     block.update(separate.parameters())
     fuse_projections(block)
     for step, (name, i) in enumerate(calls):
-        if replace_weight and step == len(calls) // 2:
+        if replaced and step == len(calls) // 2:
             # New values in both (as load_weights of other weights would bring).
             rows = getattr(separate, name).weight.shape[0]
-            w, scales = mx.quantize(
-                mx.random.normal((rows, 64), key=mx.random.key(step)), mode="mxfp4"
+            new = dict(
+                zip(
+                    ("weight", "scales"),
+                    mx.quantize(
+                        mx.random.normal((rows, 64), key=mx.random.key(step)), mode="mxfp4"
+                    ),
+                    strict=True,
+                )
             )
             for model in (block, separate):
-                getattr(model, name).weight, getattr(model, name).scales = w, scales
+                getattr(model, name).update({k: new[k] for k in replaced})
         y, expected = getattr(block, name)(XS[i]), getattr(separate, name)(XS[i])
         assert max_error(y, expected) <= 1e-6, (step, name, i)
 
