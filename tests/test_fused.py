@@ -377,12 +377,14 @@ def test_deepseek_attention_experts_and_shared_experts_fuse(mode, monkeypatch):
         } <= paths
     assert {"model.layers.0.mlp.gate_proj", "model.layers.1.mlp.switch_mlp.gate_proj"} <= paths
     assert "model.layers.1.mlp.shared_experts.up_proj" in paths
-    products = Products(monkeypatch)
-    for tokens in (3, 40):
-        x = mx.random.randint(0, 256, (1, tokens), key=mx.random.key(tokens))
-        assert max_error(model(x), separate(x)) <= 1e-6
-    assert model.layers[0].self_attn.q_a_proj._siblings.shared
-    assert products.fused > 0
+    xs = [mx.random.randint(0, 256, (1, t), key=mx.random.key(t)) for t in (3, 40)]
+    expected = [separate(x) for x in xs]
+    products, gathers = Products(monkeypatch), GatherProducts(monkeypatch)
+    for x, y in zip(xs, expected, strict=True):
+        assert max_error(model(x), y) <= 1e-6
+    # A pass: MLA and the dense MLP (layer 0), MLA and the shared experts (layer 1) fused;
+    # the routed experts' gate/up one gather, their down_proj its own.
+    assert products.fused == 2 * 4 and (gathers.fused, gathers.separate) == (2, 2)
 
 
 def test_a_fused_model_pickles():
