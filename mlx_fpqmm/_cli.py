@@ -114,7 +114,8 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
         "--fuse-projections",
         action="store_true",
         help="multiply the projections that read one x as one product "
-        "(mlx_fpqmm.nn.fuse_projections: q/k/v, gate/up, the experts' gate/up)",
+        "(mlx_fpqmm.nn.fuse_projections: q/k/v, gate/up or w1/w3, the experts' gate/up, "
+        "DeepSeek's q_a/kv_a)",
     )
     args = parser.parse_args(argv)
     unsupported = [
@@ -145,7 +146,8 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
     if args.fuse_projections:
         from .nn import fuse_projections
 
-        fuse_projections(model)
+        fused = fuse_projections(model)
+        print(f"[mlx_fpqmm] {len(fused)} layers fused into groups of one product", file=sys.stderr)
     for eos_token in args.extra_eos_token:
         tokenizer.add_eos_token(eos_token)
     prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")

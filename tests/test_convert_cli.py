@@ -258,10 +258,12 @@ def test_generate_cli(converted):
     assert "Generation:" in result.stdout and "tokens-per-sec" in result.stdout
     # Greedy: the same text with the projections fused.
     plain, fused = (
-        run(*command, "--max-tokens", "8", "--verbose", "False", *flag).stdout
+        run(*command, "--max-tokens", "8", "--verbose", "False", *flag)
         for flag in ([], ["--fuse-projections"])
     )
-    assert plain.strip() and fused == plain
+    # Two layers of q/k/v and gate/up each.
+    assert "10 layers fused" in fused.stderr and "fused" not in plain.stderr
+    assert plain.stdout.strip() and fused.stdout == plain.stdout
 
 
 def test_convert_name_stays_the_function(monkeypatch):

@@ -25,13 +25,15 @@ def test_readme_example_runs(block, tmp_path):
         [sys.executable, "-c", block], capture_output=True, text=True, cwd=tmp_path, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    # Each print whose line ends in "# value" printed that value.
+    # The one-line prints whose comment says what they print printed exactly that, in
+    # that order, among the block's output lines.
     expected = [
-        comment.strip()
+        line.split("#", 1)[1].strip()
         for line in block.splitlines()
-        if line.startswith("print(") and "#" in line
-        for comment in [line.split("#", 1)[1]]
+        if line.startswith("print(")
+        and line.split("#", 1)[0].rstrip().endswith(")")
+        and "#" in line
     ]
-    printed = done.stdout.splitlines()
+    printed = iter(line.strip() for line in done.stdout.splitlines())
     for value in expected:
-        assert any(value in line for line in printed), (value, printed)
+        assert any(line == value for line in printed), (value, done.stdout)
