@@ -1,5 +1,5 @@
-"""Decoding speed of a Llama-3-8B-shaped model with random weights: bfloat16,
-MLX's own quantized model and the same model on mlx_fpqmm's layers, one run.
+"""Decoding speed of a Llama-3-8B-shaped (or gpt-oss-20b-shaped) model with random
+weights: bfloat16, MLX's own quantized model and the same model on mlx_fpqmm's layers.
 
     python examples/decode_speed.py [--modes mxfp4,mxfp8,nvfp4] [--tokens 128] [--prefill 2048]
         [--model llama-3-8b|gpt-oss-20b]
@@ -70,7 +70,6 @@ GPT_OSS_20B = dict(
     num_key_value_heads=8,
     sliding_window=128,
     rope_theta=150000,
-    layer_types=["sliding_attention", "full_attention"] * 12,
 )
 # The modes MLX's own layers have (the others: mlx_fpqmm's alone).
 MLX_MODES = ("mxfp4", "nvfp4", "mxfp8")
@@ -84,8 +83,8 @@ MODELS = {
 def random_model(layers: int, model: str = "llama-3-8b") -> nn.Module:
     _, module, config = MODELS[model]
     config = {**config, "num_hidden_layers": layers}
-    if "layer_types" in config:
-        config["layer_types"] = config["layer_types"][:layers]
+    if module is gpt_oss:  # sliding and full attention by turns, as gpt-oss has them
+        config["layer_types"] = ["sliding_attention", "full_attention"] * (layers // 2)
     mx.random.seed(0)
     model = module.Model(module.ModelArgs.from_dict(config))
     model.set_dtype(mx.bfloat16)
@@ -183,8 +182,10 @@ def main() -> None:
         "--prefill", type=int, default=0, help="prompt length for prefill tokens/s (0: none)"
     )
     args = parser.parse_args()
-    name, _, config = MODELS[args.model]
+    name, module, config = MODELS[args.model]
     layers = args.layers or config["num_hidden_layers"]
+    if module is gpt_oss and (layers < 2 or layers % 2):
+        parser.error("--layers of gpt-oss-20b: an even number (sliding and full attention)")
     prompt = mx.random.randint(0, config["vocab_size"], (16,), key=mx.random.key(1))
     print(
         f"{time.strftime('%Y-%m-%d')} {mx.device_info().get('device_name', mx.default_device())}"
@@ -221,6 +222,9 @@ def main() -> None:
         size = weight_bytes(model) / 1e9
         decode(model, prompt, 8)
         ours, rate = decode(model, prompt, args.tokens)
+        if reference is None:  # the fused model is checked on our own sequence
+            sequence = [*prompt.tolist(), *ours]
+            ours_logits = logits(model, sequence)
         agreement = done
         if reference is not None:
             differ, beyond_tie = disagreements(reference, logits(model, sequence))
@@ -247,6 +251,12 @@ def main() -> None:
             agreement += (
                 f"; the greedy token differs at {differ}/{len(sequence)} of MLX's positions, "
                 f"{beyond_tie} beyond a tie"
+            )
+        else:
+            differ, beyond_tie = disagreements(ours_logits, logits(model, sequence))
+            agreement += (
+                f"; the greedy token differs at {differ}/{len(sequence)} of the unfused "
+                f"model's positions, {beyond_tie} beyond a tie"
             )
         print(
             f"{mode:>8} {'fused':>10} {size:6.2f} GB {rate:8.1f} tokens/s"
