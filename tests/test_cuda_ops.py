@@ -630,6 +630,50 @@ def test_fused_projections_on_the_gpu(mode):
         assert max_error(model(TOKENS), separate(TOKENS)) <= 1e-5
 
 
+def close_outputs(y, expected, dtype=mx.bfloat16):
+    """Two products of the same terms: within a rounding of the output type."""
+    bound = 8e-3 if dtype == mx.bfloat16 else 1e-3
+    return (mx.abs(y - expected).max() / mx.abs(expected).max()).item() <= bound
+
+
+@pytest.mark.parametrize("tokens", [1, 8, 128])
+def test_fused_expert_rows_equal_two_gathers(tokens):
+    """fuse_projections's layout of a gpt-oss MLP at its real size: one gather over 32
+    experts' gate and up rows side by side (5760 x 2880) equals the two gathers of 2880
+    rows (per pair at 1 token, grouped at 8, tiled or wgmma at 128), each part."""
+    E, N, K, top_k = 32, 2880, 2880, 4
+    gate_w, gate_s, _ = quantized_experts("mxfp4", E, N, K)
+    up_w, up_s, _ = quantized_experts("mxfp4", E, N, K)
+    w, scales = mx.concatenate([gate_w, up_w], axis=1), mx.concatenate([gate_s, up_s], axis=1)
+    x = mx.random.normal((tokens, 1, 1, K)).astype(mx.bfloat16)
+    rng = np.random.default_rng(tokens)
+    rhs = mx.array(np.stack([rng.permutation(E)[:top_k] for _ in range(tokens)]), mx.uint32)
+
+    def gather(w, scales):
+        return mlx_fpqmm.gather_qmm(
+            x, w, scales, rhs_indices=rhs, transpose=True, mode="mxfp4", stream=GPU
+        )
+
+    gate, up = mx.split(gather(w, scales), [N], axis=-1)
+    assert close_outputs(gate, gather(gate_w, gate_s))
+    assert close_outputs(up, gather(up_w, up_s))
+
+
+@pytest.mark.parametrize("M", [1, 8, 32])
+def test_fused_attention_rows_equal_three_products(M):
+    """Llama-3-8B's q/k/v side by side (6144 x 4096: the x parts of float32 x and the
+    wide blocks take it where they do not take k or v alone) against the three products."""
+    K, rows = 4096, (4096, 1024, 1024)
+    parts = [quantized("mxfp4", n, K) for n in rows]
+    w = mx.concatenate([p[0] for p in parts])
+    scales = mx.concatenate([p[1] for p in parts])
+    for dtype in (mx.bfloat16, mx.float32):
+        x = mx.random.normal((M, K)).astype(dtype)
+        fused = mx.split(product("mxfp4", x, w, scales, GPU), [4096, 5120], axis=-1)
+        for y, (w_q, s) in zip(fused, parts, strict=True):
+            assert close_outputs(y, product("mxfp4", x, w_q, s, GPU), dtype)
+
+
 def test_more_than_2_to_the_31_weight_elements():
     """A weight of 2^31 + 2^20 codes: 64-bit offsets in the kernels."""
     N, K = 2**16 + 32, 2**15
