@@ -29,12 +29,14 @@ __all__ = ["FusedQuantizedLinear", "fuse_projections"]
 
 # The names of sibling layers that models call on one x: most of mlx-lm's attentions and
 # MLPs (Llama, Mistral, Qwen, Gemma, ...); w1 / w3 in InternLM2's and LFM2's MLPs; the
-# low-rank query and the compressed key-value projections of DeepSeek's attention (MLA).
+# query (low-rank or not: q_lora_rank None) and the compressed key-value projections of
+# DeepSeek's attention (MLA).
 _GROUPS = (
     ("q_proj", "k_proj", "v_proj"),
     ("gate_proj", "up_proj"),
     ("w1", "w3"),
     ("q_a_proj", "kv_a_proj_with_mqa"),
+    ("q_proj", "kv_a_proj_with_mqa"),
 )
 
 
@@ -211,7 +213,7 @@ def fuse_projections(model: nn.Module) -> list[str]:
 
     In every module of ``model`` that holds all the layers of a group (``q_proj``,
     ``k_proj``, ``v_proj``; ``gate_proj``, ``up_proj``; ``w1``, ``w3``; DeepSeek's
-    ``q_a_proj``, ``kv_a_proj_with_mqa``), each a
+    ``q_a_proj`` or ``q_proj`` with ``kv_a_proj_with_mqa``), each a
     :class:`QuantizedLinear` of one mode and group size over the same input dimension and
     without a ``global_scale``, the layers become :class:`FusedQuantizedLinear`: their W
     rows and scales are concatenated once (the old arrays are released), each keeps its

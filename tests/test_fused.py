@@ -275,16 +275,17 @@ class GatherProducts:
             monkeypatch.setattr(module, "gather_qmm", counted)
 
 
-def moe_model(arch: str, mode: str, **kwargs) -> nn.Module:
-    """A tiny mlx-lm MoE model, quantized; its experts' biases (gpt-oss) random, each
-    layer's its own (mlx-lm's start at zero, which would hide a bias taken wrongly)."""
+def moe_model(arch: str, mode: str, config: dict | None = None, **kwargs) -> nn.Module:
+    """A tiny mlx-lm MoE model (its config updated by ``config``), quantized; its experts'
+    biases (gpt-oss) random, each layer's its own (mlx-lm's start at zero, which would
+    hide a bias taken wrongly)."""
     from test_moe_models import CONFIGS
 
     from mlx_fpqmm.nn import QuantizedSwitchLinear
 
-    module, config = CONFIGS[arch]
+    module, base = CONFIGS[arch]
     mx.random.seed(0)
-    model = module.Model(module.ModelArgs.from_dict(config))
+    model = module.Model(module.ModelArgs.from_dict({**base, **(config or {})}))
     quantize(model, mode=mode, **kwargs)
     switches = [m for _, m in model.named_modules() if isinstance(m, QuantizedSwitchLinear)]
     for seed, layer in enumerate(switches):
@@ -385,6 +386,21 @@ def test_deepseek_attention_experts_and_shared_experts_fuse(mode, monkeypatch):
     # A pass: MLA and the dense MLP (layer 0), MLA and the shared experts (layer 1) fused;
     # the routed experts' gate/up one gather, their down_proj its own.
     assert products.fused == 2 * 4 and (gathers.fused, gathers.separate) == (2, 2)
+
+
+def test_deepseek_attention_without_a_low_rank_query_fuses(monkeypatch):
+    """MLA with q_lora_rank None (DeepSeek-V2-Lite): q_proj and kv_a_proj_with_mqa."""
+    separate = moe_model("deepseek_v3", "mxfp4", config={"q_lora_rank": None})
+    model = moe_model("deepseek_v3", "mxfp4", config={"q_lora_rank": None})
+    paths = set(fuse_projections(model))
+    assert {"model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.kv_a_proj_with_mqa"} <= (
+        paths
+    )
+    x = mx.random.randint(0, 256, (1, 5), key=mx.random.key(5))
+    expected = separate(x)
+    products = Products(monkeypatch)
+    assert max_error(model(x), expected) <= 1e-6
+    assert products.fused == 4  # MLA twice, the dense MLP, the shared experts
 
 
 def test_a_fused_model_pickles():
