@@ -172,6 +172,14 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(v.nbytes for _, v in nn.utils.tree_flatten(model.parameters()))
 
 
+def row(mode: str, kind: str, model: nn.Module, rate: float, prefill: int, note: str = "") -> str:
+    """A model's line: its weights, decode rate, prefill rate and step split, and a note."""
+    return (
+        f"{mode:>8} {kind:>10} {weight_bytes(model) / 1e9:6.2f} GB {rate:8.1f} tokens/s"
+        f"{prefill_rate(model, prefill)}{step_split(model)}" + (f"  ({note})" if note else "")
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default="mxfp4,mxfp8,nvfp4")
@@ -195,73 +203,51 @@ def main() -> None:
     model = random_model(layers, args.model)
     decode(model, prompt, 8)  # warm-up
     _, rate = decode(model, prompt, args.tokens)
-    print(
-        f"{'bfloat16':>8} {'':>10} {weight_bytes(model) / 1e9:6.2f} GB {rate:8.1f} tokens/s"
-        f"{prefill_rate(model, args.prefill)}{step_split(model)}"
-    )
+    print(row("bfloat16", "", model, rate, args.prefill))
     del model
     for mode in filter(None, args.modes.split(",")):
         model = random_model(layers, args.model)
-        reference = None
         if mode in MLX_MODES:
             nn.quantize(model, mode=mode)
             mx.eval(model.parameters())
             decode(model, prompt, 8)
             theirs, rate = decode(model, prompt, args.tokens)
-            print(
-                f"{mode:>8} {'MLX':>10} {weight_bytes(model) / 1e9:6.2f} GB {rate:8.1f} tokens/s"
-                f"{prefill_rate(model, args.prefill)}{step_split(model)}"
-            )
+            print(row(mode, "MLX", model, rate, args.prefill))
             sequence = [*prompt.tolist(), *theirs]
-            reference = logits(model, sequence)
-            done = str(mlx_fpqmm.convert(model))
-        else:  # float scales (fp4, fp8), which MLX does not have: ours alone
-            mlx_fpqmm.nn.quantize(model, mode=mode)
-            mx.eval(model.parameters())
-            done = "quantized by mlx_fpqmm.nn.quantize; MLX has no such mode"
-        size = weight_bytes(model) / 1e9
-        decode(model, prompt, 8)
-        ours, rate = decode(model, prompt, args.tokens)
-        if reference is None:  # the fused model is checked on our own sequence
-            sequence = [*prompt.tolist(), *ours]
-            ours_logits = logits(model, sequence)
-        agreement = done
-        if reference is not None:
+            reference, whose = logits(model, sequence), "MLX's"
+            report = mlx_fpqmm.convert(model)
+            decode(model, prompt, 8)
+            ours, rate = decode(model, prompt, args.tokens)
             differ, beyond_tie = disagreements(reference, logits(model, sequence))
             prefix = next(
                 i
                 for i, (a, b) in enumerate(zip([*ours, None], [*theirs, -1], strict=True))
                 if a != b
             )
-            agreement = (
+            note = (
                 f"{prefix}/{len(ours)} leading tokens equal MLX's; on MLX's sequence the greedy "
                 f"token differs at {differ}/{len(sequence)} positions, {beyond_tie} beyond a "
-                f"bfloat16 tie; {done}"
+                f"bfloat16 tie; {report}"
             )
-        print(
-            f"{mode:>8} {'mlx_fpqmm':>10} {size:6.2f} GB {rate:8.1f} tokens/s"
-            f"{prefill_rate(model, args.prefill)}{step_split(model)}  ({agreement})"
-        )
+        else:  # float scales (fp4, fp8), which MLX does not have: ours alone
+            mlx_fpqmm.nn.quantize(model, mode=mode)
+            mx.eval(model.parameters())
+            decode(model, prompt, 8)
+            ours, rate = decode(model, prompt, args.tokens)
+            # The fused model is checked against this one, on its own sequence.
+            sequence = [*prompt.tolist(), *ours]
+            reference, whose = logits(model, sequence), "the unfused model's"
+            note = "quantized by mlx_fpqmm.nn.quantize; MLX has no such mode"
+        print(row(mode, "mlx_fpqmm", model, rate, args.prefill, note))
         fused = len(mlx_fpqmm.nn.fuse_projections(model))
         decode(model, prompt, 8)
         _, rate = decode(model, prompt, args.tokens)
-        agreement = f"{fused} layers in groups of one product"
-        if reference is not None:
-            differ, beyond_tie = disagreements(reference, logits(model, sequence))
-            agreement += (
-                f"; the greedy token differs at {differ}/{len(sequence)} of MLX's positions, "
-                f"{beyond_tie} beyond a tie"
-            )
-        else:
-            differ, beyond_tie = disagreements(ours_logits, logits(model, sequence))
-            agreement += (
-                f"; the greedy token differs at {differ}/{len(sequence)} of the unfused "
-                f"model's positions, {beyond_tie} beyond a tie"
-            )
-        print(
-            f"{mode:>8} {'fused':>10} {size:6.2f} GB {rate:8.1f} tokens/s"
-            f"{prefill_rate(model, args.prefill)}{step_split(model)}  ({agreement})"
+        differ, beyond_tie = disagreements(reference, logits(model, sequence))
+        note = (
+            f"{fused} layers in groups of one product; the greedy token differs at "
+            f"{differ}/{len(sequence)} of {whose} positions, {beyond_tie} beyond a tie"
         )
+        print(row(mode, "fused", model, rate, args.prefill, note))
         del model
 
 
