@@ -175,6 +175,17 @@ __device__ __forceinline__ void store_block_sums(
     const Place at = place(e);
     store_output(total, at.m, at.n, M, N, y, partials, rows);
   };
+  // Element e summed over the warps, with its next value's (`pairs`).
+  auto warps_total = [&](int e, bool pairs) {
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < warps; ++w) {
+      total += pairs ? reduction[w * totals + e] +
+                           reduction[w * totals + e + kWarpSize]
+                     : reduction[w * totals + e];
+    }
+    return total;
+  };
   // x in parts (fp_split_x's rows 2m and 2m + 1) straight into y: the
   // element of the even row adds its odd neighbour's (the next value, the
   // same lane) and stores row m of y (of M / 2), which is float32 like x
@@ -183,15 +194,9 @@ __device__ __forceinline__ void store_block_sums(
   if (x_pairs && !partials) {
     for (int e = threadIdx.x; e < totals; e += blockDim.x) {
       if (e / kWarpSize % 2 == 0) {
-        float total = 0.0f;
-#pragma unroll
-        for (int w = 0; w < warps; ++w) {
-          total +=
-              reduction[w * totals + e] + reduction[w * totals + e + kWarpSize];
-        }
         const Place at = place(e);
         store_output(
-            total * factor,
+            warps_total(e, true) * factor,
             at.m / 2,
             at.n,
             M / 2,
@@ -204,11 +209,7 @@ __device__ __forceinline__ void store_block_sums(
     return;
   }
   for (int e = threadIdx.x; e < totals; e += blockDim.x) {
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < warps; ++w) {
-      total += reduction[w * totals + e];
-    }
+    const float total = warps_total(e, false);
     // Element e of warp 0's sums is read by this thread alone.
     if (splits_in_cluster) {
       reduction[e] = total;
