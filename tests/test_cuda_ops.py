@@ -636,14 +636,23 @@ def close_outputs(y, expected, dtype=mx.bfloat16):
     return (mx.abs(y - expected).max() / mx.abs(expected).max()).item() <= bound
 
 
+@pytest.fixture(scope="module")
+def gpt_oss_experts():
+    """A gpt-oss MLP's gate and up experts (32 of 2880 x 2880, mxfp4), quantized on the
+    GPU once for the token counts."""
+    with mx.stream(GPU):
+        experts = [quantized_experts("mxfp4", 32, 2880, 2880)[:2] for _ in range(2)]
+        mx.eval(experts)
+    return experts
+
+
 @pytest.mark.parametrize("tokens", [1, 8, 128])
-def test_fused_expert_rows_equal_two_gathers(tokens):
+def test_fused_expert_rows_equal_two_gathers(gpt_oss_experts, tokens):
     """fuse_projections's layout of a gpt-oss MLP at its real size: one gather over 32
     experts' gate and up rows side by side (5760 x 2880) equals the two gathers of 2880
     rows (per pair at 1 token, grouped at 8, tiled or wgmma at 128), each part."""
     E, N, K, top_k = 32, 2880, 2880, 4
-    gate_w, gate_s, _ = quantized_experts("mxfp4", E, N, K)
-    up_w, up_s, _ = quantized_experts("mxfp4", E, N, K)
+    (gate_w, gate_s), (up_w, up_s) = gpt_oss_experts
     w, scales = mx.concatenate([gate_w, up_w], axis=1), mx.concatenate([gate_s, up_s], axis=1)
     x = mx.random.normal((tokens, 1, 1, K)).astype(mx.bfloat16)
     rng = np.random.default_rng(tokens)

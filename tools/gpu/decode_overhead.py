@@ -15,13 +15,18 @@ MLX_USE_CUDA_GRAPHS=0 python3 tools/gpu/decode_overhead.py``.
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import mlx.core as mx
-from step_profile import build_encode_wait, medians_ms
 
 import mlx_fpqmm
 from mlx_fpqmm._bench_gpu import copies, count_for, quantized_weights
+
+# The timing of a graph's build, encoding and wait, shared with the end-to-end example.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from decode_speed import build_encode_wait, medians_ms  # noqa: E402
 
 REPS = 5
 
