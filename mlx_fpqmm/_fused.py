@@ -62,13 +62,17 @@ class _Siblings:
         rows = list(zip([0, *ends[:-1]], ends, strict=True))
         self.weights = [self.weight[..., start:end, :] for start, end in rows]
         self.scale_rows = [self.scales[..., start:end, :] for start, end in rows]
-        self.shared = True
         self._multiply = multiply
         self._splits = ends[:-1]
         self._inputs: tuple = ()
         self._parts: list[mx.array] = []
         self._taken = 0  # a bit a layer that has its part of the product of the inputs
         self._everyone = (1 << len(layers)) - 1
+
+    @property
+    def shared(self) -> bool:
+        """Whether the layers still share products (until ``_stop``)."""
+        return self.weight is not None
 
     def output(self, index: int, layer: nn.Module, *inputs) -> mx.array | None:
         """Layer ``index``'s part of the product of ``inputs``, or ``None``: the layer then
@@ -103,7 +107,6 @@ class _Siblings:
 
     def _stop(self) -> None:
         # The views stay until each layer has released its own (``release``).
-        self.shared = False
         self.weight = self.scales = None
         self._inputs, self._parts = (), []
 
