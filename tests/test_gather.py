@@ -247,6 +247,22 @@ def test_out_of_range_indices_give_nan_rows():
     assert relative_error(y[mx.array([0, 3])], reference) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [mx.int64, mx.uint64])
+def test_64_bit_indices_past_uint32_give_nan_rows(dtype):
+    # Cast to uint32 as MLX casts them, 2^32 + 1 would wrap onto expert 1.
+    E, N, K = 3, 16, 64
+    w_q, scales, _ = quantized_experts("mxfp4", E, N, K)
+    x = mx.random.normal((4, 1, K))
+    past = [2**32 + 1, 2**40] if dtype == mx.uint64 else [2**32 + 1, -(2**32) + 2]
+    y = mlx_fpqmm.gather_qmm(
+        x, w_q, scales, rhs_indices=mx.array([2, past[0], past[1], 1], dtype), mode="mxfp4"
+    )
+    rows = np.isnan(np.array(y)).all(axis=(1, 2))
+    assert rows.tolist() == [False, True, True, False]
+    reference = gather_reference(x, w_q, scales, [0, 3], [2, 1], "mxfp4")
+    assert relative_error(y[mx.array([0, 3])], reference) < 1e-5
+
+
 def test_empty_indices():
     w_q, scales, _ = quantized_experts("mxfp4", 3, 16, 64)
     x = mx.random.normal((1, 2, 64))
@@ -354,7 +370,15 @@ def test_jvp_is_linear_in_x():
         (dict(lhs_indices=mx.array([0.5])), "lhs_indices must be an integer array"),
         (
             dict(rhs_indices=mx.array([0, 1, 2])),
-            r"lhs_indices of shape \(4\) and rhs_indices of shape \(3\) cannot be broadcast",
+            r"x's batch shape \(4\) and rhs_indices of shape \(3\) cannot be broadcast",
+        ),
+        (
+            dict(lhs_indices=mx.array([0, 1])),
+            r"lhs_indices of shape \(2\) and w's batch shape \(3\) cannot be broadcast",
+        ),
+        (
+            dict(lhs_indices=mx.array([0, 1]), rhs_indices=mx.array([0, 1, 2])),
+            r"lhs_indices of shape \(2\) and rhs_indices of shape \(3\) cannot be broadcast",
         ),
         (dict(rhs_indices=mx.array([0]), mode="int4"), "Invalid mode 'int4'"),
         (

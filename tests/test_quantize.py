@@ -21,15 +21,19 @@ def test_mlx_modes_are_bit_identical(mode):
     assert d_ours.dtype == mx.bfloat16 and mx.array_equal(d_ours, d_theirs).item()
 
 
-def test_nvfp4_global_scale_round_trip():
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1)])
+def test_nvfp4_global_scale_round_trip(shape):
     w = mx.random.normal((16, 64))
-    g = mx.abs(w).max()
+    g = mx.abs(w).max().reshape(shape)  # one value of any shape, as MLX takes it
     ours = mlx_fpqmm.quantize(w, mode="nvfp4", global_scale=g)
     theirs = mx.quantize(w, mode="nvfp4", global_scale=g)
     assert all(mx.array_equal(a, b).item() for a, b in zip(ours, theirs, strict=True))
     d = mlx_fpqmm.dequantize(*ours, mode="nvfp4", global_scale=g, dtype=mx.float32)
     ref = mx.dequantize(*theirs, mode="nvfp4", global_scale=g, dtype=mx.float32)
     assert mx.array_equal(d, ref).item()
+    x = mx.random.normal((3, 64))
+    y = mlx_fpqmm.fp4_qmm(x, *ours, mode="nvfp4", global_scale=g)
+    assert mx.allclose(y, x @ ref.T, rtol=1e-5, atol=1e-5).item()
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])

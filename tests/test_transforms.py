@@ -106,6 +106,83 @@ def test_compile(shapeless):
         np.testing.assert_allclose(np.array(plain(x)), 2 * ref, rtol=1e-5, atol=1e-4)
 
 
+# x's batch against 4 weight matrices, traced with the first shape and called
+# with the others: broadcasting (x's batch of 1, a 2-D x) and M change.
+SHAPELESS_BATCHES = [
+    [(4, 3), (1, 3), (4, 5), (1, 7)],
+    [(1, 3), (1, 5), (4, 2)],
+    [(3,), (5,)],
+    [(2, 4, 3), (2, 1, 3), (1, 4, 6)],
+]
+
+
+@pytest.mark.parametrize("shapes", SHAPELESS_BATCHES, ids=lambda s: "-".join(map(str, s)))
+def test_shapeless_compile_follows_batch_broadcast(shapes):
+    w = mx.random.normal((4, 16, 64)) if len(shapes[0]) < 3 else mx.random.normal((1, 4, 16, 64))
+    w_q, scales = mlx_fpqmm.quantize(w, mode="mxfp4")
+    mx.eval(w_q, scales)  # constants of the compiled graphs, not their inputs
+
+    def product(x):
+        return mlx_fpqmm.quantized_matmul(x, w_q, scales, mode="mxfp4")
+
+    def loss(x):
+        return (product(x) * mx.arange(16)).sum()
+
+    def broadcast_axes(shape):
+        return [size == 1 for size in shape[:-1]]
+
+    f = mx.compile(product, shapeless=True)
+    grad = mx.compile(mx.grad(loss), shapeless=True)
+    for shape in shapes:
+        x = mx.random.normal((*shape, 64))
+        eager = product(x)
+        got = f(x)
+        assert got.shape == eager.shape
+        np.testing.assert_allclose(np.array(got), np.array(eager), rtol=1e-5, atol=1e-5)
+        # The gradient's sum over x's broadcast axes is traced once: as with
+        # MLX's own product, it holds while they stay those of the trace.
+        if broadcast_axes(shape) == broadcast_axes(shapes[0]):
+            got_grad = grad(x)
+            assert got_grad.shape == x.shape
+            np.testing.assert_allclose(
+                np.array(got_grad), np.array(mx.grad(loss)(x)), rtol=1e-5, atol=1e-5
+            )
+
+
+def test_grad_of_broadcast_x_matches_mlx():
+    w_q, scales = mlx_fpqmm.quantize(mx.random.normal((2, 3, 16, 64)), mode="mxfp4")
+    x = mx.random.normal((1, 3, 5, 64))  # broadcast along the first batch axis
+
+    def ours(x):
+        return (mlx_fpqmm.quantized_matmul(x, w_q, scales, mode="mxfp4") ** 2).sum()
+
+    def theirs(x):
+        return (mx.quantized_matmul(x, w_q, scales, mode="mxfp4") ** 2).sum()
+
+    np.testing.assert_allclose(
+        np.array(mx.grad(ours)(x)), np.array(mx.grad(theirs)(x)), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_shapeless_compiled_grad_of_sorted_gather():
+    w_q, scales = mlx_fpqmm.quantize(mx.random.normal((3, 16, 64)), mode="mxfp4")
+    mx.eval(w_q, scales)
+
+    def loss(x, experts):
+        y = mlx_fpqmm.gather_qmm(
+            x, w_q, scales, rhs_indices=experts, mode="mxfp4", sorted_indices=True
+        )
+        return (y**2).sum()
+
+    grad = mx.compile(mx.grad(loss), shapeless=True)
+    for experts in ([0, 0, 1, 2, 2], [0, 1, 1, 2, 2, 2, 2]):
+        experts = mx.array(experts, mx.uint32)
+        x = mx.random.normal((experts.size, 1, 64))  # mlx-lm's sorted layout
+        np.testing.assert_allclose(
+            np.array(grad(x, experts)), np.array(mx.grad(loss)(x, experts)), rtol=1e-5, atol=1e-5
+        )
+
+
 def test_compile_with_repeated_and_reversed_calls():
     w_q, scales = weights("mxfp4", cols=128)
     x = mx.random.normal((2, 128))

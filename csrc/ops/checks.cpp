@@ -181,7 +181,8 @@ void check_global_scale(
         "global_scale must be float32 but received " +
             dtype_string(global_scale->dtype()) + ".");
   }
-  bool one_value = global_scale->ndim() <= 1 && global_scale->size() == 1;
+  // As MLX's dequantize: one value, of any shape.
+  bool one_value = global_scale->size() == 1;
   if (experts && !one_value && global_scale->shape() != *experts) {
     fail(
         op,
@@ -192,8 +193,7 @@ void check_global_scale(
   if (!experts && !one_value) {
     fail(
         op,
-        "global_scale must hold one value (shape () or (1,)) but received "
-        "shape " +
+        "global_scale must hold one value but received shape " +
             shape_string(global_scale->shape()) + ".");
   }
 }
@@ -242,12 +242,6 @@ void check_biases_and_bits(
             std::string(format.name) + "'; expected " +
             std::to_string(format.bits) + ".");
   }
-}
-
-mx::Shape with_batch(const mx::Shape& batch, const mx::array& a) {
-  mx::Shape shape = batch;
-  shape.insert(shape.end(), a.shape().end() - 2, a.shape().end());
-  return shape;
 }
 
 // The kernels of every device read their inputs in place (readable_in_place

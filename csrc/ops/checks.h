@@ -74,8 +74,6 @@ void check_biases_and_bits(
     const std::optional<mx::array>& biases,
     std::optional<int> bits);
 
-mx::Shape with_batch(const mx::Shape& batch, const mx::array& a);
-
 // The kernels of every device read their inputs in place (readable_in_place
 // in primitives.h); this makes an array so, with a copy only where needed.
 // Applied before any batch broadcast, so that broadcasts stay views. (On GPU

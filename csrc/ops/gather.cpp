@@ -23,7 +23,9 @@ mx::array batch_indices(const mx::array& operand, mx::Stream s) {
 }
 
 // The indices as uint32 (as MLX casts them), or an arange over the batch of
-// `operand` when absent.
+// `operand` when absent. 64-bit indices past uint32 are clipped to its
+// largest value first, so that they stay out of range (NaN rows) instead of
+// wrapping onto an expert.
 mx::array index_array(
     std::string_view op,
     std::string_view name,
@@ -39,7 +41,18 @@ mx::array index_array(
         std::string(name) + " must be an integer array but received " +
             dtype_string(indices->dtype()) + ".");
   }
-  return mx::astype(*indices, mx::uint32, s);
+  if (indices->itemsize() < 8) {
+    return mx::astype(*indices, mx::uint32, s);
+  }
+  constexpr auto largest = std::numeric_limits<uint32_t>::max();
+  const bool is_signed = mx::issubdtype(indices->dtype(), mx::signedinteger);
+  // A negative index is out of range too: -1 becomes the largest uint32.
+  auto clipped = mx::clip(
+      *indices,
+      mx::array(is_signed ? -1 : 0, indices->dtype()),
+      mx::array(largest, indices->dtype()),
+      s);
+  return mx::astype(clipped, mx::uint32, s);
 }
 
 // gather_mm(x, w, lhs_indices, rhs_indices) for pairs of one row (x (...,
@@ -208,11 +221,14 @@ mx::array gather_qmm(
   try {
     pairs = mx::broadcast_shapes(lhs_shape, rhs.shape());
   } catch (const std::invalid_argument&) {
+    // An index not given is the batch of its operand.
     fail(
         op,
-        "lhs_indices of shape " + shape_string(lhs_shape) +
-            " and rhs_indices of shape " + shape_string(rhs.shape()) +
-            " cannot be broadcast.");
+        (lhs_indices ? "lhs_indices of shape " : "x's batch shape ") +
+            shape_string(lhs_shape) +
+            (rhs_indices ? " and rhs_indices of shape "
+                         : " and w's batch shape ") +
+            shape_string(rhs.shape()) + " cannot be broadcast.");
   }
   std::optional<mx::array> expert_scales;
   if (global_scale) {

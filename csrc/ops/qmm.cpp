@@ -139,10 +139,9 @@ mx::array fp_qmm_checked(
   x = x_for_product(x, static_cast<int>(w.ndim()), stream);
   w = readable_in_place_copy(w, stream);
   scales = readable_in_place_copy(scales, stream);
-  mx::Shape batch;
   if (w.ndim() > 2) {
     try {
-      batch = mx::broadcast_shapes(batch_shape(x), batch_shape(w));
+      mx::broadcast_shapes(batch_shape(x), batch_shape(w));
     } catch (const std::invalid_argument&) {
       fail(
           op,
@@ -151,7 +150,8 @@ mx::array fp_qmm_checked(
               " cannot be broadcast.");
     }
   }
-  // Before the broadcast: each matrix of W dequantized once.
+  // The batches broadcast in the product (primitive or matmul): each
+  // matrix of W dequantized once.
   auto out = dequantized_product(
       x,
       w,
@@ -162,11 +162,6 @@ mx::array fp_qmm_checked(
       transpose,
       stream);
   if (!out) {
-    if (w.ndim() > 2) {
-      x = mx::broadcast_to(x, with_batch(batch, x), stream);
-      w = mx::broadcast_to(w, with_batch(batch, w), stream);
-      scales = mx::broadcast_to(scales, with_batch(batch, scales), stream);
-    }
     out = make_fp_qmm(
         make_inputs(x, w, scales, global_scale),
         format.mode,

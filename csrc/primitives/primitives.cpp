@@ -24,6 +24,45 @@ std::optional<mx::array> global_scale_input(
   return std::nullopt;
 }
 
+// Whether `shape` broadcasts to `to` (as x's batch to a product's).
+bool broadcasts_to(const mx::Shape& shape, const mx::Shape& to) {
+  const int extra =
+      static_cast<int>(to.size()) - static_cast<int>(shape.size());
+  if (extra < 0) {
+    return false;
+  }
+  for (size_t axis = 0; axis < shape.size(); ++axis) {
+    if (shape[axis] != 1 && shape[axis] != to[axis + extra]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// `a` summed to `shape`, which broadcasts to a's shape: over a's leading
+// axes that `shape` lacks and the axes where it has 1. Reductions only (no
+// reshape), which a graph compiled shapeless re-infers.
+mx::array sum_to_shape(mx::array a, const mx::Shape& shape, mx::Stream s) {
+  const int extra = static_cast<int>(a.ndim()) - static_cast<int>(shape.size());
+  std::vector<int> leading;
+  for (int axis = 0; axis < extra; ++axis) {
+    leading.push_back(axis);
+  }
+  if (!leading.empty()) {
+    a = mx::sum(a, leading, false, s);
+  }
+  std::vector<int> ones;
+  for (int axis = 0; axis < static_cast<int>(shape.size()); ++axis) {
+    if (shape[axis] == 1 && a.shape(axis) != 1) {
+      ones.push_back(axis);
+    }
+  }
+  if (!ones.empty()) {
+    a = mx::sum(a, ones, true, s);
+  }
+  return a;
+}
+
 }  // namespace
 
 bool readable_in_place(const std::vector<mx::array>& inputs, Input which) {
@@ -75,8 +114,18 @@ ScaleEncoding scale_encoding(Mode mode, const mx::array& scales) {
 
 std::vector<mx::Shape> FpQuantizedMatmul::output_shapes(
     const std::vector<mx::array>& inputs) {
-  auto shape = input(inputs, Input::x).shape();
-  shape.back() = output_columns(input(inputs, Input::w));
+  const auto& x = input(inputs, Input::x);
+  const auto& w = input(inputs, Input::w);
+  auto shape = x.shape();
+  if (!folds_rows(inputs)) {
+    // The batches broadcast here, not by nodes in the graph, so that a graph
+    // compiled shapeless follows a new batch of x (MLX's own product does so
+    // through BroadcastAxes nodes, which libmlx does not export).
+    shape = mx::broadcast_shapes(batch_shape(x), batch_shape(w));
+    shape.push_back(x.shape(-2));
+    shape.push_back(0);
+  }
+  shape.back() = output_columns(w);
   return {shape};
 }
 
@@ -98,15 +147,19 @@ std::vector<mx::array> FpQuantizedMatmul::vjp(
           "quantized weights, scales or global scale (argument " +
           std::to_string(argnum) + "); only x is differentiable.");
     }
-    // d(x @ W^T)/dx = cotangent @ W: the same weights with transpose flipped.
-    grads.push_back(fp_qmm_unchecked(
-        cotangents[0],
-        input(primals, Input::w),
-        input(primals, Input::scales),
-        global_scale_input(primals, Input::global_scale),
-        mode_,
-        group_size_,
-        !transpose_,
+    // d(x @ W^T)/dx = cotangent @ W: the same weights with transpose flipped,
+    // summed over the batch axes along which x was broadcast.
+    grads.push_back(sum_to_shape(
+        fp_qmm_unchecked(
+            cotangents[0],
+            input(primals, Input::w),
+            input(primals, Input::scales),
+            global_scale_input(primals, Input::global_scale),
+            mode_,
+            group_size_,
+            !transpose_,
+            stream()),
+        input(primals, Input::x).shape(),
         stream()));
   }
   return grads;
@@ -220,6 +273,13 @@ std::vector<mx::array> FpGatherQuantizedMatmul::vjp(
       !transpose_,
       false,
       s);
+  // mlx-lm's layouts: pair b reads x matrix b / lhs_divisor, so x's batch
+  // broadcasts to the pairs' and each x matrix sums its pairs' products
+  // (a reduction, which a graph compiled shapeless re-infers, as it does
+  // not a scatter).
+  if (implicit_lhs_ && broadcasts_to(x.shape(), per_pair.shape())) {
+    return {sum_to_shape(per_pair, x.shape(), s)};
+  }
   int x_matrices = static_cast<int>(matrix_count(x));
   // A pair whose x index is out of range (its output was NaN) adds NaN to
   // matrix 0 rather than writing out of bounds.

@@ -4,12 +4,19 @@ namespace mlx_fpqmm {
 
 namespace {
 
-std::vector<int64_t> batch_strides(const mx::array& a, bool strides_known) {
-  int batch_ndims = static_cast<int>(a.ndim()) - 2;
-  std::vector<int64_t> strides(batch_ndims);
+// The strides of a's matrices along the out batch axes `batch`, to which
+// a's batch broadcasts: 0 along the axes that a lacks or has as 1.
+std::vector<int64_t> batch_strides(
+    const mx::array& a, const std::vector<int>& batch, bool strides_known) {
+  const int batch_ndims = static_cast<int>(batch.size());
+  const int own_ndims = static_cast<int>(a.ndim()) - 2;
+  std::vector<int64_t> strides(batch_ndims, 0);
   int64_t contiguous = int64_t(a.shape(-1)) * a.shape(-2);
-  for (int axis = batch_ndims - 1; axis >= 0; --axis) {
-    strides[axis] = strides_known ? a.strides()[axis] : contiguous;
+  for (int axis = own_ndims - 1; axis >= 0; --axis) {
+    if (a.shape(axis) != 1) {
+      strides[axis + batch_ndims - own_ndims] =
+          strides_known ? a.strides()[axis] : contiguous;
+    }
     contiguous *= a.shape(axis);
   }
   return strides;
@@ -49,10 +56,12 @@ QmmProblem describe_problem(
   }
   problem.M = x.shape(-2);
   problem.batch_shape.assign(out_shape.begin(), out_shape.end() - 2);
-  problem.x_batch_strides = batch_strides(x, strides_known);
-  problem.w_batch_strides =
-      batch_strides(input(inputs, Input::w), strides_known);
-  problem.scales_batch_strides = batch_strides(scales, strides_known);
+  problem.x_batch_strides =
+      batch_strides(x, problem.batch_shape, strides_known);
+  problem.w_batch_strides = batch_strides(
+      input(inputs, Input::w), problem.batch_shape, strides_known);
+  problem.scales_batch_strides =
+      batch_strides(scales, problem.batch_shape, strides_known);
   return problem;
 }
 

@@ -18,7 +18,8 @@ namespace mx = mlx::core;
 
 // Bytes of one element of x (or of y, which has x's type).
 // One FpQuantizedMatmul (or gather) call as the kernels see it: x is (batch...,
-// M, K), w and scales are (batch..., N or K, ...), y is (batch..., M, N)
+// M, K), w and scales are (batch..., N or K, ...), each broadcast to y's
+// batch (stride 0 along the axes it lacks or has as 1), y is (batch..., M, N)
 // contiguous. With 2-D weights every leading dimension of x is folded into M.
 struct QmmProblem {
   Mode mode;

@@ -11,19 +11,25 @@ namespace mlx_fpqmm {
 
 namespace {
 
-// Element offset of batch element `index` of a (..., rows, cols) array.
-int64_t batch_offset(const mx::array& a, int64_t index) {
+// Element offset in `a` of batch element `index` of the product, whose batch
+// axes are out's leading ones; a's broadcast to them (it may lack leading
+// axes or have 1 where out has more).
+int64_t batch_offset(const mx::array& a, const mx::array& out, int64_t index) {
   int64_t offset = 0;
-  for (int axis = static_cast<int>(a.ndim()) - 3; axis >= 0; --axis) {
-    offset += (index % a.shape(axis)) * a.strides()[axis];
-    index /= a.shape(axis);
+  const int extra = static_cast<int>(out.ndim()) - static_cast<int>(a.ndim());
+  for (int axis = static_cast<int>(out.ndim()) - 3; axis >= 0; --axis) {
+    const int64_t position = index % out.shape(axis);
+    index /= out.shape(axis);
+    if (axis >= extra && a.shape(axis - extra) != 1) {
+      offset += position * a.strides()[axis - extra];
+    }
   }
   return offset;
 }
 
 // Batch element `index` of a, whose matrices are row-contiguous.
-const char* matrix(const mx::array& a, int64_t index) {
-  return a.data<char>() + batch_offset(a, index) * a.itemsize();
+const char* matrix(const mx::array& a, const mx::array& out, int64_t index) {
+  return a.data<char>() + batch_offset(a, out, index) * a.itemsize();
 }
 
 }  // namespace
@@ -72,9 +78,9 @@ void FpQuantizedMatmul::eval_cpu(
             nullptr};
         char* out_data = out.data<char>();
         for (int64_t b = 0; b < batches; ++b) {
-          args.x = fold ? x.data<char>() : matrix(x, b);
-          args.w = reinterpret_cast<const uint32_t*>(matrix(w, b));
-          args.scales = matrix(scales, b);
+          args.x = fold ? x.data<char>() : matrix(x, out, b);
+          args.w = reinterpret_cast<const uint32_t*>(matrix(w, out, b));
+          args.scales = matrix(scales, out, b);
           args.out = out_data + b * M * N * out.itemsize();
           cpu::qmm(args);
         }
