@@ -8,6 +8,7 @@ their own, so that the sharded layers (:mod:`mlx_fpqmm._sharded`) can build on t
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -46,6 +47,9 @@ class QuantizedLinear(nn.QuantizedLinear):
         global_scale (bool): ``nvfp4`` only: quantize with a tensor scale and keep
             it as the ``global_scale`` parameter. Default: ``False``.
     """
+
+    # Whether an nvfp4 layer may hold a tensor scale (nn.quantize's global_scale).
+    takes_global_scale: ClassVar[bool] = True
 
     __module__ = "mlx_fpqmm.nn"
 
@@ -122,6 +126,9 @@ class QuantizedEmbedding(nn.QuantizedEmbedding):
         global_scale (bool): ``nvfp4`` only: quantize with a tensor scale and keep
             it as the ``global_scale`` parameter. Default: ``False``.
     """
+
+    # Whether an nvfp4 layer may hold a tensor scale (nn.quantize's global_scale).
+    takes_global_scale: ClassVar[bool] = True
 
     __module__ = "mlx_fpqmm.nn"
 

@@ -120,8 +120,11 @@ def quantize_model(
         params = quant_predicate(path, module) if quant_predicate else True
         if not params:
             return False
+        takes_global_scale = fpnn._takes_global_scale(module)
         if params is True:
             params = dict(quant_params)
+            if not takes_global_scale:
+                params.pop("global_scale", None)
         else:
             params = dict(params)
             if params.get("mode", "affine") in FORMATS:
@@ -131,7 +134,7 @@ def quantize_model(
         # Layers whose input size the (layer's) group size does not divide stay float.
         if module.weight.shape[-1] % params.get("group_size", group_size) != 0:
             return False
-        if global_scale and params.get("mode") == "nvfp4":
+        if global_scale and params.get("mode") == "nvfp4" and takes_global_scale:
             params["global_scale"] = True
         # mlx-lm infers MLX's modes from the weights; everything else is written down.
         recorded = _tagged(params)
@@ -270,6 +273,10 @@ def load_model(
     models, Hugging Face ``quantization_config`` formats) goes through mlx-lm's
     ``load_model``. Either way, MLX-mode layers end up on mlx_fpqmm
     (:func:`mlx_fpqmm.convert`).
+
+    Raises:
+        ValueError: The config (or ``model_config``) asks for ``quantize_activations``,
+            mlx-lm's activation-quantized layers, which run on MLX's kernels.
     """
     from mlx_lm import utils as lm_utils
 
@@ -277,6 +284,12 @@ def load_model(
     config = lm_utils.load_config(model_path)
     if model_config is not None:
         config.update(model_config)
+    if config.get("quantize_activations", False):
+        raise ValueError(
+            "quantize_activations: mlx_fpqmm's layers quantize the weights only; mlx-lm's "
+            "QQLinear (activations quantized too) runs on MLX's kernels: load this model "
+            "with mlx_lm.load."
+        )
     quantization = config.get("quantization")
     if quantization is None or config.get("model_file") is not None:
         model, config = lm_utils.load_model(

@@ -8,6 +8,7 @@ optional dependency of mlx_fpqmm.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import mlx.core as mx
 from mlx_lm.models import mla
@@ -37,6 +38,9 @@ class QuantizedMultiLinear(mla.QuantizedMultiLinear):
         mode (str): One of ``"mxfp4"``, ``"nvfp4"``, ``"mxfp8"``, ``"fp4"``, ``"fp8"``.
             Default: ``"mxfp4"``.
     """
+
+    # No tensor scale: the op takes one a call, not one a head.
+    takes_global_scale: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -7,6 +7,7 @@ optional dependency of mlx_fpqmm.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import mlx.core as mx
 from mlx_lm.models import switch_layers
@@ -38,6 +39,9 @@ class QuantizedSwitchLinear(switch_layers.QuantizedSwitchLinear):
             Default: ``"mxfp4"``.
         global_scale (bool): ``nvfp4`` only: a tensor scale per expert. Default: ``False``.
     """
+
+    # Whether an nvfp4 layer may hold a tensor scale (nn.quantize's global_scale).
+    takes_global_scale: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -10,6 +10,7 @@ that read the same x (q/k/v, gate/up) run as one product.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -63,6 +64,27 @@ def __getattr__(name: str):
 
         return QuantizedMultiLinear
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _takes_global_scale(
+    module: nn.Module, from_float_layers: dict[Callable, Callable] | None = None
+) -> bool:
+    """Whether ``module`` quantized in ``nvfp4`` may hold a tensor scale: the layer of ours
+    that it becomes says (mlx-lm's ``MultiLinear`` heads have none), another layer takes
+    one where its own ``to_quantized`` does (mlx-lm's rule).
+
+    Args:
+        module (mlx.nn.Module): A float layer.
+        from_float_layers (Optional[dict]): :func:`_layer_tables`' first table, where the
+            caller has it. Default: ``None`` (looked up).
+    """
+    if from_float_layers is None:
+        from_float_layers, _ = _layer_tables()
+    from_float = from_float_layers.get(getattr(type(module), "to_quantized", None))
+    if from_float is not None:
+        return from_float.__self__.takes_global_scale
+    to_quantized = getattr(module, "to_quantized", None)
+    return to_quantized is not None and "global_scale" in inspect.signature(to_quantized).parameters
 
 
 def _layer_tables() -> tuple[dict[Callable, Callable], dict[type, type]]:
@@ -140,8 +162,9 @@ def quantize(
             ``nvfp4`` and ``mxfp8`` ``nn.Linear`` layers; left to MLX). Default: ``False``.
         class_predicate (Optional[Callable]): Decides, per leaf module, whether and
             how to quantize it. Default: every module with a ``to_quantized`` method.
-        global_scale (bool): ``nvfp4`` only: give each layer a tensor scale.
-            Default: ``False``.
+        global_scale (bool): ``nvfp4`` only: give each layer that may hold one a tensor
+            scale (every layer of ours but ``QuantizedMultiLinear``, whose op takes one
+            scale a call, not one a head). Default: ``False``.
 
     Example:
         >>> import mlx.nn as nn
@@ -162,7 +185,7 @@ def quantize(
             params = {"group_size": group_size, "bits": bits, "mode": mode}
             if quantize_input:
                 params["quantize_input"] = True
-            if global_scale:
+            if global_scale and _takes_global_scale(m, from_float_layers):
                 params["global_scale"] = True
         elif isinstance(params, dict):
             params = dict(params)

@@ -189,6 +189,9 @@ def test_load_mlx_lm_saved(converted, tmp_path, mode):
         assert kinds == {("affine", "mlx.nn.layers.quantized"), ("mxfp8", "mlx_fpqmm.nn"),
                          ("mxfp8", "mlx_fpqmm._switch")}  # fmt: skip
     assert mx.allclose(ours(TOKENS), theirs(TOKENS), rtol=1e-4, atol=1e-4).item()
+    # mlx-lm's activation-quantized layers are refused, not replaced by weight-only ones.
+    with pytest.raises(ValueError, match="quantize_activations.*mlx_lm.load"):
+        mlx_fpqmm.load(str(tmp_path), model_config={"quantize_activations": True})
 
 
 @pytest.mark.slow  # subprocesses

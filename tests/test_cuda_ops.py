@@ -245,30 +245,39 @@ def test_nvfp4_global_scale_is_read_by_the_kernel(M):
 
 @pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
 @pytest.mark.parametrize("w_batch", [(3,), (1,), (2, 3)], ids=str)
+@pytest.mark.parametrize("x_batch", [(2, 3), (2, 1), (3,)], ids=str)
 @pytest.mark.parametrize("M", [5, 200])
-def test_batched_and_broadcast_weights(transpose, w_batch, M):
+def test_batched_and_broadcast_weights(transpose, w_batch, x_batch, M):
+    """x's and w's batches broadcast against each other (by the product's
+    batch strides: 0 along an axis that one lacks or has as 1)."""
     mode, N, K = "mxfp4", 96, 256
     w = mx.random.normal((*w_batch, N, K) if transpose else (*w_batch, K, N))
     w_q, scales = mlx_fpqmm.quantize(w, mode=mode)
-    x = mx.random.normal((2, 3, M, K))
+    x = mx.random.normal((*x_batch, M, K))
+    batch = np.broadcast_shapes(x_batch, w_batch)
     y = product(mode, x, w_q, scales, GPU, transpose=transpose)
-    assert y.shape == (2, 3, M, N)
-    w_q_b = mx.broadcast_to(w_q, (2, 3, *w_q.shape[-2:]))
-    s_b = mx.broadcast_to(scales, (2, 3, *scales.shape[-2:]))
-    for i in range(2):
-        for j in range(3):
-            reference = qmm_reference(x[i, j], w_q_b[i, j], s_b[i, j], mode, transpose)
-            assert relative_error(y[i, j], reference) < tolerance(x, w_q_b)
+    assert y.shape == (*batch, M, N)
+    x_b = mx.broadcast_to(x, (*batch, M, K))
+    w_q_b = mx.broadcast_to(w_q, (*batch, *w_q.shape[-2:]))
+    s_b = mx.broadcast_to(scales, (*batch, *scales.shape[-2:]))
+    for index in np.ndindex(batch):
+        reference = qmm_reference(x_b[index], w_q_b[index], s_b[index], mode, transpose)
+        assert relative_error(y[index], reference) < tolerance(x, w_q_b), index
 
 
 def test_kernels_one_after_another_in_any_order():
-    """Products that run different kernels (the decode kernel with bfloat16,
-    float16 and float32 x, its wide blocks, a cluster split of K, x @ W, the
-    staged kernel, wgmma's blocks of 32, 64 and 128 rows after their x tiles,
-    an empty K), each evaluated on its own, in three orders: each must match
-    the reference whatever ran before it. MLX reuses an executable CUDA graph
-    of the same shape for the next product and updates its kernel nodes in
-    place, so one kernel's node becomes another's."""
+    """Products that run different kernels and launch sequences, each evaluated
+    on its own, in three orders: each must match the reference whatever ran
+    before it. MLX reuses an executable CUDA graph of the same key (the kinds
+    of its nodes and their edges) for the next product and updates its kernel
+    nodes in place, so one kernel's node becomes another's, and a sequence of
+    two kernels another sequence of two. Single kernels: the decode kernel
+    with bfloat16, float16 and float32 x, its wide blocks, x @ W, the staged
+    kernel, an empty K; a cluster split of K; two: wgmma's blocks of 32, 64
+    and 128 rows after their x tiles, float32 x split into bfloat16 parts
+    before the decode kernel, x copied from a transpose before it, a split of
+    K into partial sums and their sum, the pairs' grouping before the grouped
+    kernel; three: float32 x split, then a split of K and its sum."""
     cases = [
         ("mxfp4", mx.bfloat16, 1, 200, 1152, True),
         ("nvfp4", mx.float32, 1, 200, 1152, True),
@@ -281,23 +290,42 @@ def test_kernels_one_after_another_in_any_order():
         ("mxfp4", mx.bfloat16, 3, 256, 192, False),
         ("mxfp8", mx.bfloat16, 200, 256, 512, True),
         ("mxfp4", mx.float32, 4, 64, 0, True),
+        ("mxfp4", mx.float32, 1, 4096, 4096, True),
+        ("mxfp4", mx.float32, 1, 3072, 8192, True),
+        ("mxfp4", mx.float32, 1, 3072, 2048, True),
+        ("mxfp4", mx.bfloat16, 4, 256, 512, "x columns"),
+        ("mxfp4", mx.bfloat16, 16, 64, 256, "gather"),
     ]
     for order in (cases, cases[::-1], cases[::2] + cases[1::2]):
-        for mode, dtype, M, N, K, transpose in order:
-            x = mx.random.normal((M, K)).astype(dtype)
+        for mode, dtype, M, N, K, layout in order:
+            case = (mode, dtype, M, N, K, layout)
+            if layout == "gather":
+                # M pairs of one row over 4 experts: grouped by expert.
+                w_q, scales, _ = quantized_experts(mode, 4, N, K)
+                x = mx.random.normal((M, 1, K)).astype(dtype)
+                rhs = mx.array(np.random.default_rng(M).integers(0, 4, M).astype(np.uint32))
+                y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=rhs, mode=mode, stream=GPU)
+                lhs = mx.arange(M, dtype=mx.uint32)
+                reference = gather_reference(x, w_q, scales, lhs, rhs, mode)
+                assert relative_error(y, reference) < TOLERANCE[dtype], case
+                continue
+            # "x columns": x a transpose, copied row-contiguous first.
+            x = mx.random.normal((K, M) if layout == "x columns" else (M, K)).astype(dtype)
+            x = x.T if layout == "x columns" else x
             if K == 0:
                 w_q = mx.zeros((N, 0), dtype=mx.uint32)
                 scales = mx.zeros((N, 0), dtype=mx.uint8)
                 y = product(mode, x, w_q, scales, GPU)
-                assert not np.array(y).any(), (mode, dtype, M, N, K)
+                assert not np.array(y).any(), case
                 continue
+            transpose = layout is not False
             rows, cols = (N, K) if transpose else (K, N)
             w_dtype = mx.float16 if mode == "fp4" else mx.float32
             w_q, scales = quantized(mode, rows, cols, dtype=w_dtype)
             y = product(mode, x, w_q, scales, GPU, transpose=transpose)
             reference = qmm_reference(x, w_q, scales, mode, transpose)
             error = relative_error(y, reference)
-            assert error < TOLERANCE[dtype], (mode, dtype, M, N, K, transpose, error)
+            assert error < TOLERANCE[dtype], (case, error)
 
 
 @pytest.mark.parametrize("shape", [(0, 64, 64), (4, 0, 64), (4, 64, 0)], ids=str)

@@ -249,10 +249,43 @@ def test_multi_linear_quantized_by_mlx_fpqmm(mode):
 
 
 def test_multi_linear_has_no_global_scale():
+    """The model-wide global_scale passes over the heads (as mlx-lm's does, its
+    MultiLinear taking none); a predicate that asks one for them is refused."""
+    heads = nn.Sequential(mla.MultiLinear(64, 32, 4), nn.Linear(64, 32))
+    mlx_fpqmm.nn.quantize(heads, mode="nvfp4", global_scale=True)
+    multi, linear = heads.layers
+    assert type(multi) is QuantizedMultiLinear and "global_scale" not in multi
+    assert linear.global_scale.shape == ()
     with pytest.raises(ValueError, match="QuantizedMultiLinear has no global_scale"):
         mlx_fpqmm.nn.quantize(
-            nn.Sequential(mla.MultiLinear(64, 32, 4)), mode="nvfp4", global_scale=True
+            nn.Sequential(mla.MultiLinear(64, 32, 4)),
+            class_predicate=lambda p, m: {"mode": "nvfp4", "global_scale": True},
         )
+
+
+def test_deepseek_v3_nvfp4_global_scale_quantizes_and_loads(tmp_path):
+    """What `python -m mlx_fpqmm.convert --mode nvfp4 --global-scale` does to a model with
+    multi-head latent attention: tensor scales everywhere but the heads, whose config
+    entries say so, and mlx_fpqmm.load's loader rebuilds the same model."""
+    from mlx_fpqmm import _lm
+
+    model = make_model("deepseek_v3")
+    _, config = CONFIGS["deepseek_v3"]
+    model, config = _lm.quantize_model(
+        model, dict(config, model_type="deepseek_v3"), None, "nvfp4", True, verbose=False
+    )
+    layers = dict(tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
+    heads = [p for p, m in layers.items() if isinstance(m, QuantizedMultiLinear)]
+    scaled = [p for p, m in layers.items() if "global_scale" in m]
+    assert heads and scaled
+    assert not set(heads) & set(scaled)
+    assert all("global_scale" not in config["quantization"][p] for p in heads)
+    reference = model(LONG)
+    assert logits_error(reference, dequantized(model, "deepseek_v3")(LONG)) < 1e-5
+    save_model(tmp_path, model)
+    save_config(config, tmp_path / "config.json")
+    loaded, _ = _lm.load_model(tmp_path)  # mlx_fpqmm.load's model
+    assert logits_error(loaded(LONG), reference) < 1e-6
 
 
 @pytest.mark.parametrize("arch", ["gpt_oss", "deepseek_v3"])
