@@ -187,6 +187,11 @@ bool qmv_wide_blocks_fill(
 // executable graphs in place, which leaves launch attributes as they were.
 inline constexpr int kMaxClusterSplit = 8;
 
+std::string cluster_note() {
+  return "; instead " + std::to_string(fc::kClusterSplits) +
+         " splits adding up in a thread block cluster";
+}
+
 void split_in_cluster(
     const QmmProblem& p, int step_multiple, KernelPlan& plan) {
   const int64_t step =
@@ -201,8 +206,7 @@ void split_in_cluster(
   plan.splits_in_cluster = true;
   plan.key.family = KernelFamily::qmv_cluster;
   plan.main.kernel = kernel_name(plan.key);
-  plan.note += "; instead " + std::to_string(fc::kClusterSplits) +
-               " splits adding up in a thread block cluster";
+  plan.note += cluster_note();
 }
 
 // A kernel that loops over `items` (a thread each per step): blocks of
@@ -486,9 +490,15 @@ std::optional<KernelPlan> plan_x_parts(
     return std::nullopt;
   }
   if (plan.splits_in_cluster) {
+    // The cluster's splits, in partial sums.
     plan.splits_in_cluster = false;
     plan.key.family = KernelFamily::qmv;
     plan.main.kernel = kernel_name(plan.key);
+    plan.note.replace(
+        plan.note.find(cluster_note()),
+        cluster_note().size(),
+        "; " + std::to_string(plan.split_k) +
+            " splits (a cluster's) in partial sums");
   }
   plan.x_parts = 2;
   if (plan.split_k == 1) {
