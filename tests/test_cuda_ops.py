@@ -167,12 +167,13 @@ def test_model_shapes(mode, shape, M):
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
-@pytest.mark.parametrize("M", [1, 4, 5])
-def test_float32_decode_of_large_weights(mode, M):
+@pytest.mark.parametrize("M", [1, 3, 4, 5])
+@pytest.mark.parametrize("N, K", [(4096, 4096), (14336, 4096), (3072, 8192)], ids=str)
+def test_float32_decode_of_large_weights(mode, M, N, K):
     """float32 x of up to 4 rows times 8 MiB of W or more: the MLX formats split x
     once into bfloat16 high and low parts (the plan's x_split) for bfloat16's
-    kernel; 5 rows, and the float-scale formats, multiply x as it is."""
-    N, K = 4096, 4096
+    kernel (in its narrow blocks, its wide ones at 14336 rows, K split into partial
+    sums at 3072 x 8192); 5 rows, and the float-scale formats, multiply x as it is."""
     w_q, scales = quantized(mode, N, K)
     x = mx.random.normal((M, K))
     plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")
