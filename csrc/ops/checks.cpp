@@ -246,9 +246,9 @@ void check_biases_and_bits(
 
 // The kernels of every device read their inputs in place (readable_in_place
 // in primitives.h); this makes an array so, with a copy only where needed.
-// Applied before any batch broadcast, so that broadcasts stay views. (On GPU
-// streams it must happen here: libmlx does not export its GPU copy to
-// eval_gpu.)
+// Applied to the inputs as given: the product broadcasts their batches
+// itself, so that a copy is never of a broadcast. (On GPU streams it must
+// happen here: libmlx does not export its GPU copy to eval_gpu.)
 mx::array readable_in_place_copy(const mx::array& a, mx::Stream stream) {
   // Evaluated row-contiguous arrays (a model's weights and scales) need
   // neither a copy nor a node in the graph.
