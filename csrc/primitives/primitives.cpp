@@ -24,6 +24,26 @@ std::optional<mx::array> global_scale_input(
   return std::nullopt;
 }
 
+// `a` @ W^T (`transpose`) or `a` @ W, with W, its scales and global scale of
+// FpQuantizedMatmul's `primals`.
+mx::array times_weights(
+    const mx::array& a,
+    const std::vector<mx::array>& primals,
+    Mode mode,
+    int group_size,
+    bool transpose,
+    mx::Stream s) {
+  return fp_qmm_unchecked(
+      a,
+      input(primals, Input::w),
+      input(primals, Input::scales),
+      global_scale_input(primals, Input::global_scale),
+      mode,
+      group_size,
+      transpose,
+      s);
+}
+
 // Whether `shape` broadcasts to `to` (as x's batch to a product's).
 bool broadcasts_to(const mx::Shape& shape, const mx::Shape& to) {
   const int extra =
@@ -150,15 +170,8 @@ std::vector<mx::array> FpQuantizedMatmul::vjp(
     // d(x @ W^T)/dx = cotangent @ W: the same weights with transpose flipped,
     // summed over the batch axes along which x was broadcast.
     grads.push_back(sum_to_shape(
-        fp_qmm_unchecked(
-            cotangents[0],
-            input(primals, Input::w),
-            input(primals, Input::scales),
-            global_scale_input(primals, Input::global_scale),
-            mode_,
-            group_size_,
-            !transpose_,
-            stream()),
+        times_weights(
+            cotangents[0], primals, mode_, group_size_, !transpose_, stream()),
         input(primals, Input::x).shape(),
         stream()));
   }
@@ -177,15 +190,8 @@ std::vector<mx::array> FpQuantizedMatmul::jvp(
           std::to_string(argnum) + "); only x is differentiable.");
     }
   }
-  return {fp_qmm_unchecked(
-      tangents[0],
-      input(primals, Input::w),
-      input(primals, Input::scales),
-      global_scale_input(primals, Input::global_scale),
-      mode_,
-      group_size_,
-      transpose_,
-      stream())};
+  return {times_weights(
+      tangents[0], primals, mode_, group_size_, transpose_, stream())};
 }
 
 namespace {
