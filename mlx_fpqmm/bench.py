@@ -44,7 +44,7 @@ import numpy as np
 
 import mlx_fpqmm
 
-from . import _bench_gpu
+from . import _bench_gpu, _ext
 
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
 ROWS = (1, 2, 4, 8, 16, 32, 128, 512)
@@ -171,8 +171,7 @@ class Extrapolator:
 
 def threads_used() -> int:
     """The threads our CPU kernels run on (MLX_FPQMM_NUM_THREADS, else every core)."""
-    configured = os.environ.get("MLX_FPQMM_NUM_THREADS", "")
-    return int(configured) if configured.isdigit() and int(configured) > 0 else os.cpu_count() or 1
+    return _ext._cpu_threads()
 
 
 def copies_to_cycle(M: int, weight_bytes: int, args: argparse.Namespace) -> int:

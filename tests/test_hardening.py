@@ -140,6 +140,104 @@ print("exiting")
         assert result.stdout.split() == ["exiting", "at", "exit"]
 
 
+def test_exit_with_products_still_queued():
+    """The interpreter exits while the CPU stream still runs queued products: a
+    clean exit (static destructors ran under the tasks: a segfault in 5 of 5 runs)."""
+    code = """
+import mlx.core as mx, mlx_fpqmm
+mx.set_default_device(mx.cpu)
+w_q, s = mlx_fpqmm.quantize(mx.random.normal((4096, 4096)), mode="mxfp4")
+x = mx.random.normal((4, 4096))
+mx.eval(w_q, s, x)
+mx.async_eval(*[mlx_fpqmm.fp4_qmm(x + i, w_q, s) for i in range(200)])
+print("exiting")
+"""
+    for _ in range(3):
+        result = run_child(code, timeout=120)
+        assert result.returncode == 0 and result.stdout.split() == ["exiting"], (
+            result.returncode,
+            result.stderr[-3000:],
+        )
+
+
+FAIL_THREAD_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+// Once FAIL_ARM is set, the FAIL_NTH-th thread creation fails (EAGAIN, as a process
+// or cgroup limit makes it), once.
+static atomic_int armed_calls;
+int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void *), void *arg) {
+  static int (*real)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+  if (!real) real = dlsym(RTLD_NEXT, "pthread_create");
+  if (getenv("FAIL_ARM") && atomic_fetch_add(&armed_calls, 1) + 1 == atoi(getenv("FAIL_NTH")))
+    return EAGAIN;
+  return real(t, a, f, arg);
+}
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="an LD_PRELOAD shim of pthread_create")
+@pytest.mark.parametrize("nth", [1, 3, 7])
+def test_pool_runs_on_the_threads_the_system_lets_start(tmp_path, nth):
+    """A refused thread while the pool starts leaves a smaller pool: right results,
+    no hang (it left workers on freed memory: a garbage product, then a deadlock)."""
+    shim = tmp_path / "fail_thread.so"
+    source = tmp_path / "fail_thread.c"
+    source.write_text(FAIL_THREAD_SHIM)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", shim, source, "-ldl"], check=True)
+    code = """
+import os, numpy as np, mlx.core as mx, mlx_fpqmm
+mx.set_default_device(mx.cpu)
+rng = np.random.default_rng(0)
+w_q, s = mlx_fpqmm.quantize(mx.array(rng.standard_normal((4096, 1024), np.float32)), mode="mxfp4")
+x = mx.array(rng.standard_normal((4, 1024), np.float32))
+dense = mx.dequantize(w_q, s, mode="mxfp4", dtype=mx.float32)
+expected = np.array(x, np.float64) @ np.array(dense, np.float64).T
+os.environ["FAIL_ARM"] = "1"
+for _ in range(10):
+    y = np.array(mlx_fpqmm.fp4_qmm(x, w_q, s))
+    assert np.abs(y - expected).max() < 1e-3 * np.abs(expected).max()
+print(mlx_fpqmm._ext._cpu_threads())
+"""
+    env = {"LD_PRELOAD": str(shim), "FAIL_NTH": str(nth), "MLX_FPQMM_NUM_THREADS": "8"}
+    result = run_child(code, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert int(result.stdout) == min(nth, 8)  # the caller and the workers started first
+
+
+@pytest.mark.parametrize(
+    "value, threads",
+    [("3", 3), ("100000", 256), ("99999999999", 256), ("abc", None), ("7abc", None),
+     ("1e9", None), ("0", None), ("-2", None)],
+)  # fmt: skip
+def test_num_threads_setting(value, threads):
+    """MLX_FPQMM_NUM_THREADS: a positive integer, at most 256 threads; anything else is
+    a ValueError from the evaluation that starts the pool, product after product."""
+    code = """
+import mlx.core as mx, mlx_fpqmm
+mx.set_default_device(mx.cpu)
+w_q, s = mlx_fpqmm.quantize(mx.random.normal((256, 128)), mode="mxfp4")
+for _ in range(2):
+    try:
+        mx.eval(mlx_fpqmm.fp4_qmm(mx.random.normal((4, 128)), w_q, s))
+        print(mlx_fpqmm._ext._cpu_threads())
+    except ValueError as e:
+        print("ValueError", e)
+"""
+    result = run_child(code, timeout=120, env={"MLX_FPQMM_NUM_THREADS": value})
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    if threads is None:
+        message = f"ValueError MLX_FPQMM_NUM_THREADS='{value}' is not a positive integer"
+        assert len(lines) == 2 and all(line.startswith(message) for line in lines), lines
+    else:
+        assert lines == [str(threads)] * 2
+
+
 def test_more_than_2_to_the_31_weight_elements():
     """A dequantized weight of 2^31 + 2^20 elements: 64-bit index arithmetic."""
     N, K = 2**16 + 32, 2**15

@@ -5,6 +5,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include "backend/cpu/thread_pool.h"
 #include "backend/cuda/device.h"
 #include "ops/ops.h"
 #include "ops/qmm.h"
@@ -47,6 +48,11 @@ NB_MODULE(_ext, m) {
   m.doc() = "fp4 / fp8 quantized matrix multiplication for MLX";
 
   m.def("formats", &format_table, "The format table: one dict per mode.");
+  m.def(
+      "_cpu_threads",
+      &mlx_fpqmm::cpu::num_threads,
+      "The threads the CPU kernels run on (MLX_FPQMM_NUM_THREADS, else every "
+      "core; starts their pool).");
   m.def(
       "_cuda_device_bytes",
       &mlx_fpqmm::cuda::device_bytes_in_use,

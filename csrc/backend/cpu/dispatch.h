@@ -8,6 +8,8 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 
+#include "backend/cpu/thread_pool.h"
+
 namespace mlx_fpqmm::cpu {
 
 namespace mx = mlx::core;
@@ -29,6 +31,10 @@ void dispatch(
   if (out.size() == 0) {
     return;
   }
+  // The pool starts here, on the evaluating thread: a bad
+  // MLX_FPQMM_NUM_THREADS raises from the evaluation, where inside the task
+  // MLX would not report it.
+  num_threads();
   encoder.dispatch([inputs,
                     out = mx::array::unsafe_weak_copy(out),
                     task = std::move(task)]() mutable { task(inputs, out); });

@@ -108,15 +108,18 @@ std::vector<const IsaKernels*> supported_kernels() {
 // CPU runs it; otherwise, and by default, the best one is used. Read on
 // every call so that tests can switch.
 const IsaKernels& select_kernels() {
-  static const std::vector<const IsaKernels*> kernels = supported_kernels();
+  // Never destroyed: at exit, MLX's stream threads may still run tasks that
+  // call this after static destructors have run.
+  static const auto* kernels =
+      new std::vector<const IsaKernels*>(supported_kernels());
   if (const char* requested = std::getenv("MLX_FPQMM_CPU_ISA")) {
-    for (const IsaKernels* k : kernels) {
+    for (const IsaKernels* k : *kernels) {
       if (std::string_view(k->name) == requested) {
         return *k;
       }
     }
   }
-  return *kernels.front();
+  return *kernels->front();
 }
 
 // MLX_FPQMM_CPU_GEMM_MIN_M overrides both thresholds (tests use it to run

@@ -4,12 +4,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
 #include <thread>
-#include <vector>
 
 namespace mlx_fpqmm::cpu {
 
@@ -45,26 +49,52 @@ bool spin_until(Ready&& ready) {
   return true;
 }
 
+// MLX_FPQMM_NUM_THREADS, a positive integer, up to kMaxThreads (every job
+// wakes every worker: thousands of threads slow each product down and can
+// take a machine's process IDs); unset or empty: the hardware concurrency.
+constexpr int kMaxThreads = 256;
+
 int configured_threads() {
-  if (const char* value = std::getenv("MLX_FPQMM_NUM_THREADS")) {
-    int requested = std::atoi(value);
-    if (requested > 0) {
-      return requested;
-    }
+  const char* value = std::getenv("MLX_FPQMM_NUM_THREADS");
+  if (value == nullptr || *value == '\0') {
+    return std::max(1u, std::thread::hardware_concurrency());
   }
-  return std::max(1u, std::thread::hardware_concurrency());
+  const std::string_view text(value);
+  int requested = 0;
+  const auto [end, error] =
+      std::from_chars(text.data(), text.data() + text.size(), requested);
+  if (error == std::errc::result_out_of_range) {
+    return kMaxThreads;
+  }
+  if (error != std::errc() || end != text.data() + text.size() ||
+      requested < 1) {
+    throw std::invalid_argument(
+        "MLX_FPQMM_NUM_THREADS='" + std::string(text) +
+        "' is not a positive integer (the threads of mlx_fpqmm's CPU "
+        "kernels, up to " +
+        std::to_string(kMaxThreads) + ").");
+  }
+  return std::min(requested, kMaxThreads);
 }
 
 class ThreadPool {
  public:
+  // Up to `threads` - 1 workers besides the caller: as many as the system
+  // lets start (a process or cgroup limit may refuse some; the pool then
+  // runs on those that did).
   explicit ThreadPool(int threads) {
     for (int i = 1; i < threads; ++i) {
-      workers_.emplace_back([this] { work(); }).detach();
+      try {
+        std::thread([this] { work(); }).detach();
+      } catch (const std::system_error&) {
+        break;
+      }
+      ++workers_;
     }
   }
 
   int size() const {
-    return static_cast<int>(workers_.size()) + 1;
+    return workers_ + 1;
   }
 
   void run(
@@ -73,7 +103,7 @@ class ThreadPool {
       const std::function<void(int64_t, int64_t)>& body) {
     std::unique_lock submit(submit_mutex_, std::try_to_lock);
     int64_t chunks = (n + grain - 1) / grain;
-    if (!submit.owns_lock() || workers_.empty() || chunks <= 1) {
+    if (!submit.owns_lock() || workers_ == 0 || chunks <= 1) {
       body(0, n);
       return;
     }
@@ -81,7 +111,7 @@ class ThreadPool {
       std::lock_guard lock(mutex_);
       job_ = {&body, n, grain, chunks};
       next_chunk_ = 0;
-      busy_workers_ = static_cast<int>(workers_.size());
+      busy_workers_ = workers_;
       generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
@@ -128,7 +158,8 @@ class ThreadPool {
     }
   }
 
-  std::vector<std::thread> workers_;
+  // The workers, detached: never joined (see get_pool).
+  int workers_ = 0;
   std::mutex submit_mutex_;
   std::mutex mutex_;
   std::condition_variable wake_;

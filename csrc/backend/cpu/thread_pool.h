@@ -7,7 +7,10 @@
 namespace mlx_fpqmm::cpu {
 
 // Number of threads the pool runs work on (the calling thread included):
-// MLX_FPQMM_NUM_THREADS if set, otherwise the hardware concurrency.
+// MLX_FPQMM_NUM_THREADS if set (at most 256), otherwise the hardware
+// concurrency, fewer where the system refuses to start more. The first call
+// starts the pool; it throws std::invalid_argument where
+// MLX_FPQMM_NUM_THREADS is not a positive integer.
 int num_threads();
 
 // Calls body(begin, end) on disjoint chunks covering [0, n), in parallel.
