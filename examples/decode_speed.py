@@ -26,7 +26,8 @@ decoding step (one token, with a KV cache; medians of 16): the host's time to bu
 its graph and to encode it (every primitive's ``eval_gpu``), and the wait for the GPU
 after that. mlx-lm's decoding overlaps the host's work with the GPU's, so a short wait
 says that the host bounds the tokens per second.
-Meant for a GPU. On a CPU ``--layers 2 --modes ""`` runs the bfloat16 model alone:
+Meant for a GPU (``--model gpt-oss-20b`` runs on one only: MLX's CPU ``gather_mm`` takes
+float32 alone). On a CPU ``--layers 2 --modes ""`` runs the bfloat16 Llama model alone:
 ``mlx.nn.quantize`` of even two layers (with the 128K-token embedding and head) took more
 than the 24 GB of this project's CPU machine.
 """
@@ -194,6 +195,9 @@ def main() -> None:
     layers = args.layers or config["num_hidden_layers"]
     if module is gpt_oss and (layers < 2 or layers % 2):
         parser.error("--layers of gpt-oss-20b: an even number (sliding and full attention)")
+    if module is gpt_oss and mx.default_device() == mx.cpu:
+        parser.error("--model gpt-oss-20b needs a GPU: its bfloat16 experts' gather_mm is "
+                     "float32 only on MLX's CPU")  # fmt: skip
     prompt = mx.random.randint(0, config["vocab_size"], (16,), key=mx.random.key(1))
     print(
         f"{time.strftime('%Y-%m-%d')} {mx.device_info().get('device_name', mx.default_device())}"

@@ -2,7 +2,7 @@
 
 Two processes on one machine, ring backend (the CPUs):
 
-    mlx.launch --backend ring -n 2 --python .venv/bin/python examples/sharded_generate.py
+    .venv/bin/mlx.launch --backend ring -n 2 --python .venv/bin/python examples/sharded_generate.py
 
 or by hand, with hosts.json = [["127.0.0.1:5000"], ["127.0.0.1:5001"]]:
 
@@ -15,7 +15,7 @@ Two NVIDIA GPUs of one host, NCCL backend (one GPU per rank, NVLink multicast of
 
 (by hand: ``MLX_RANK=r MLX_WORLD_SIZE=2 NCCL_HOST_IP=127.0.0.1 NCCL_PORT=12345`` for each rank).
 
-Every rank builds the same random llama (same seed: ``--model tiny``, or ``--model llama3-8b``
+Every rank builds the same random llama (same seed: ``--model tiny``, or ``--model llama-3-8b``
 for Llama-3-8B's shapes), quantizes it in mxfp4 on mlx_fpqmm's layers, generates greedily
 unsharded (on its own device), then shards it over the group and generates again. Each rank
 prints both token lists and their decode tokens per second (the tokens after the first, over
@@ -65,7 +65,7 @@ MODELS = {
         vocab_size=1024,
         tie_word_embeddings=False,
     ),
-    "llama3-8b": dict(
+    "llama-3-8b": dict(
         model_type="llama",
         hidden_size=4096,
         num_hidden_layers=32,

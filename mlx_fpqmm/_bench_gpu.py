@@ -133,14 +133,14 @@ def bench_row(M: int, N: int, K: int, mode: str, dtype_name: str, args: argparse
     op = qmm_for_mode(mode)
     ours = time_graph([lambda w=w, s=s: op(x, w, s, mode=mode) for w, s in pairs], args.reps)
     mlx = None
-    if mode in MLX_MODES and args.vs_mlx:
+    if mode in MLX_MODES and not args.no_mlx:
         mlx = time_graph(
             [lambda w=w, s=s: mx.quantized_matmul(x, w, s, mode=mode) for w, s in pairs],
             args.reps,
         )
     del pairs
     dense = None
-    if args.vs_dense and dtype_name == "bfloat16":
+    if not args.no_dense and dtype_name == "bfloat16":
         w = mx.random.normal((N, K), dtype=mx.bfloat16)
         dense_copies = cycled(copies(w, count_for(w.nbytes, args.graph_bytes)), args.graph_products)
         dense = time_graph([lambda w=w: x @ w.T for w in dense_copies], args.reps)
@@ -248,7 +248,7 @@ def bench_moe(tokens: int, mode: str, dtype_name: str, args: argparse.Namespace)
             gather_products(mlx_fpqmm.gather_qmm, xs, cases, mode, is_sorted), args.reps
         )
         mlx, mlx_error = None, None
-        if mode in MLX_MODES and args.vs_mlx:
+        if mode in MLX_MODES and not args.no_mlx:
             try:
                 mlx = time_graph(
                     gather_products(mx.gather_qmm, xs, cases, mode, is_sorted), args.reps
@@ -364,13 +364,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--no-mlx",
-        dest="vs_mlx",
-        action="store_false",
+        action="store_true",
         help="--device gpu: leave out MLX's kernels",
     )
     parser.add_argument(
         "--no-dense",
-        dest="vs_dense",
-        action="store_false",
+        action="store_true",
         help="--device gpu: leave out the dense bfloat16 product",
     )

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 from ._formats import FORMATS
 
@@ -81,35 +83,68 @@ def convert_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_errors(parser: argparse.ArgumentParser, model_path: str, run: Callable[[], Any]) -> Any:
+    """``run()``, with a mistake of the user's (a bad path or repository, an output that
+    exists, an option the model does not take) as the parser's one-line error."""
+    try:
+        return run()
+    except (ValueError, FileNotFoundError) as error:
+        message = str(error)
+        if not Path(model_path).exists():
+            message += f" ({model_path} is not a local directory either)"
+        parser.error(message)
+
+
 def convert_main(argv: Sequence[str] | None = None) -> None:
     from ._lm import convert_checkpoint
 
-    args = convert_parser().parse_args(argv)
+    parser = convert_parser()
+    args = parser.parse_args(argv)
     if args.global_scale and args.mode != "nvfp4":
-        sys.exit("error: --global-scale needs --mode nvfp4")
-    convert_checkpoint(
+        parser.error("--global-scale needs --mode nvfp4")
+    _user_errors(
+        parser,
         args.hf_path,
-        args.mlx_path,
-        mode=args.mode,
-        group_size=args.group_size,
-        global_scale=args.global_scale,
-        dtype=args.dtype,
-        quant_predicate=args.quant_predicate,
-        revision=args.revision,
-        trust_remote_code=args.trust_remote_code,
+        lambda: convert_checkpoint(
+            args.hf_path,
+            args.mlx_path,
+            mode=args.mode,
+            group_size=args.group_size,
+            global_scale=args.global_scale,
+            dtype=args.dtype,
+            quant_predicate=args.quant_predicate,
+            revision=args.revision,
+            trust_remote_code=args.trust_remote_code,
+        ),
     )
 
 
 def generate_main(argv: Sequence[str] | None = None) -> None:
     """``mlx_lm.generate``'s common path (its own argument parser) with :func:`mlx_fpqmm.load`."""
     import mlx.core as mx
-    from mlx_lm.generate import generate, setup_arg_parser
+    from mlx_lm.generate import DEFAULT_MODEL, generate, setup_arg_parser
     from mlx_lm.sample_utils import make_sampler
 
     from ._lm import load
 
     parser = setup_arg_parser()
     parser.prog = "python -m mlx_fpqmm.generate"
+    # mlx_lm.generate's options that this path does not take: refused when given, and
+    # not offered in --help.
+    unsupported_options = (
+        "prompt_cache_file",
+        "draft_model",
+        "num_draft_tokens",
+        "image",
+        "adapter_path",
+        "prefill_response",
+        "chat_template_config",
+        "use_default_chat_template",
+        "quantize_activations",
+    )
+    for action in parser._actions:
+        if action.dest in unsupported_options:
+            action.help = argparse.SUPPRESS
     parser.add_argument(
         "--fuse-projections",
         action="store_true",
@@ -120,17 +155,8 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     unsupported = [
         name
-        for name in (
-            "prompt_cache_file",
-            "draft_model",
-            "image",
-            "adapter_path",
-            "prefill_response",
-            "chat_template_config",
-            "use_default_chat_template",
-            "quantize_activations",
-        )
-        if getattr(args, name, None)
+        for name in unsupported_options
+        if getattr(args, name, None) != parser.get_default(name)
     ]
     if unsupported:
         flags = ", ".join("--" + n.replace("_", "-") for n in unsupported)
@@ -138,10 +164,14 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
     if args.seed is not None:
         mx.random.seed(args.seed)
     tokenizer_config = {"trust_remote_code": args.trust_remote_code}
-    model, tokenizer = load(
-        args.model,
-        tokenizer_config=tokenizer_config,
-        trust_remote_code=args.trust_remote_code,
+    model, tokenizer = _user_errors(
+        parser,
+        args.model or DEFAULT_MODEL,
+        lambda: load(
+            args.model or DEFAULT_MODEL,
+            tokenizer_config=tokenizer_config,
+            trust_remote_code=args.trust_remote_code,
+        ),
     )
     if args.fuse_projections:
         from .nn import fuse_projections

@@ -175,12 +175,15 @@ def convert_checkpoint(
 ) -> None:
     """``mlx_lm.convert(hf_path, mlx_path, quantize=True, q_mode=mode, ...)`` for all five modes.
 
-    Loads with mlx-lm's ``load``, casts as mlx-lm does (``dtype``, else the config's
+    Loads with :func:`load` (a model that is partly quantized already, such as gpt-oss's
+    mxfp4 experts, keeps those layers), casts as mlx-lm does (``dtype``, else the config's
     ``torch_dtype``), quantizes with :func:`quantize_model` and writes with mlx-lm's ``save``
     (safetensors shards, ``config.json``, tokenizer files, model card).
+
+    Raises:
+        ValueError: ``mlx_path`` exists, or the model has no float layer left to quantize.
     """
     from mlx_lm.convert import MODEL_CONVERSION_DTYPES
-    from mlx_lm.utils import load as lm_load
     from mlx_lm.utils import save
 
     mlx_path = Path(mlx_path)
@@ -191,7 +194,7 @@ def convert_checkpoint(
         )
     say = print if verbose else (lambda *_: None)
     say("[INFO] Loading")
-    model, tokenizer, config = lm_load(
+    model, tokenizer, config = load(
         hf_path,
         revision=revision,
         return_config=True,
@@ -199,6 +202,13 @@ def convert_checkpoint(
         lazy=True,
         trust_remote_code=trust_remote_code,
     )
+    layers = [m for _, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)]
+    if not any(hasattr(m, "to_quantized") for m in layers):
+        modes = sorted({m.mode for m in layers if "scales" in m})
+        raise ValueError(
+            f"{hf_path} is quantized already ({', '.join(modes)}): no float layer is left "
+            f"to quantize in {mode}; convert its float checkpoint instead."
+        )
     if isinstance(quant_predicate, str):
         quant_predicate = _recipe_predicate(
             quant_predicate, model, mode, group_size or FORMATS[mode]["default_group_size"]

@@ -35,7 +35,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from types import ModuleType
 
@@ -45,6 +45,7 @@ import numpy as np
 import mlx_fpqmm
 
 from . import _bench_gpu, _ext
+from ._formats import FORMATS, MLX_MODES
 
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
 ROWS = (1, 2, 4, 8, 16, 32, 128, 512)
@@ -299,8 +300,10 @@ def bench_row(
         mx.eval(mx.matmul(x, w.T, stream=mx.cpu))
 
     key = (N, K, mode, dtype_name)
-    qmm_time = slow(("qmm", *key), M, mlx_qmm) if args.mlx_budget > 0 else None
-    dm_time = slow(("dm", *key), M, mlx_dequant_matmul) if args.mlx_budget > 0 else None
+    # MLX's baselines in its modes (fp4 and fp8 are ours alone).
+    baselines = args.mlx_budget > 0 and mode in MLX_MODES
+    qmm_time = slow(("qmm", *key), M, mlx_qmm) if baselines else None
+    dm_time = slow(("dm", *key), M, mlx_dequant_matmul) if baselines else None
 
     # ggml takes float32 x whatever our dtype: one measurement serves both.
     ggml_times = None
@@ -364,7 +367,12 @@ def header(vs_ggml: bool) -> str:
 
 
 def ratio(d: dict[str, float], key: str, digits: int = 2) -> str:
-    return f"{d[key]:.{digits}f}" if key in d else "-"
+    if key not in d:
+        return "-"
+    # Fewer decimals for large ratios (a tiny product's first call after a pause can take
+    # hundreds of times its steady time), so that the column keeps its width.
+    value = d[key]
+    return f"{value:.{digits if value < 10 else 1 if value < 100 else 0}f}"
 
 
 def format_row(row: Row, vs_ggml: bool = False) -> str:
@@ -466,14 +474,14 @@ def targets(rows: list[Row], bandwidth: float, sgemm: float) -> list[str]:
         if found:
             value, r = found
             lines.append(
-                f"#13 M=1 {dtype}: at least {value:.0%} of read bandwidth in every row "
+                f"M=1 {dtype}: at least {value:.0%} of read bandwidth in every row "
                 f"(worst {where(r)}; target {goal:.0%}) {'met' if value >= goal else 'MISSED'}"
             )
         found = worst(same, lambda r: r.derived.get("time_vs_m1") if r.M == 8 else None, True)
         if found:
             value, r = found
             lines.append(
-                f"#13 M=8 {dtype}: at most {value:.2f}x the M=1 time in every product "
+                f"M=8 {dtype}: at most {value:.2f}x the M=1 time in every product "
                 f"(worst {where(r)}; target 2.6x) {'met' if value <= 2.6 else 'MISSED'}"
             )
         goal = 100 if dtype == "bfloat16" else 20
@@ -481,7 +489,7 @@ def targets(rows: list[Row], bandwidth: float, sgemm: float) -> list[str]:
         if found:
             value, r = found
             lines.append(
-                f"#13 M=1 {dtype}: at least {value:.0f}x mx.quantized_matmul (worst {where(r)}; "
+                f"M=1 {dtype}: at least {value:.0f}x mx.quantized_matmul (worst {where(r)}; "
                 f"target {goal}x) {'met' if value >= goal else 'MISSED'}"
             )
     return lines
@@ -566,12 +574,16 @@ def bench_moe_row(
         mx.eval(mx.gather_qmm(x, w_q, scales, rhs_indices=indices, mode=mode, stream=mx.cpu))
 
     result = measure(ours, args.reps)
-    mlx_time = slow(("moe", mode, dtype_name), tokens, mlx) if args.mlx_budget > 0 else None
+    mlx_time = (
+        slow(("moe", mode, dtype_name), tokens, mlx)
+        if args.mlx_budget > 0 and mode in MLX_MODES
+        else None
+    )
     expert_bytes = (w_q.nbytes + scales.nbytes) // experts
     return MoeRow(tokens, mode, dtype_name, expert_bytes, result, mlx_time, distinct)
 
 
-def moe_main(args: argparse.Namespace, bandwidth: float, out) -> None:
+def moe_main(args: argparse.Namespace, bandwidth: float, out) -> list[MoeRow]:
     N, K = args.moe_shape
     print(
         f"mixture of experts: {args.experts} experts of {N}x{K}, top {args.top_k}, "
@@ -596,7 +608,7 @@ def moe_main(args: argparse.Namespace, bandwidth: float, out) -> None:
                     f"{tokens:>6} {mode:>6} {dtype:>8} | {row.ours.best * 1e3:>8.3g} "
                     f"{row.ours.median / row.ours.best:>6.2f} {rate / 1e9:>6.1f} "
                     f"{rate / bandwidth:>6.0%} | {row.mlx.ms() if row.mlx else '-':>16} "
-                    f"{f'{speedup:.0f}' if speedup else '-':>6}",
+                    f"{f'{speedup:.2g}' if speedup else '-':>6}",
                     file=out,
                     flush=True,
                 )
@@ -614,6 +626,7 @@ def moe_main(args: argparse.Namespace, bandwidth: float, out) -> None:
         "x: speedup over mx.gather_qmm (~: extrapolated in tokens)",
         file=out,
     )
+    return rows
 
 
 @dataclass
@@ -683,7 +696,7 @@ def format_tail_row(r: TailRow, vs_ggml: bool) -> str:
 def tails_main(
     args: argparse.Namespace, out, ggml_cache: dict[tuple, GgmlTimes] | None
 ) -> tuple[list[TailRow], list[str]]:
-    """The K-tail table, and a #13 target line for each mode and dtype."""
+    """The K-tail table, and a target line for each mode and dtype."""
     vs_ggml = ggml_cache is not None
     print(f"K tails: M=1, N={args.tail_n}, K in {', '.join(map(str, args.tail_ks))}", file=out)
     ggml = f" | {'ggml* ns/B':>10} {'/best':>6}" if vs_ggml else ""
@@ -700,7 +713,7 @@ def tails_main(
             slowest = max(group, key=lambda r: r.derived["vs_best_k"])
             excess = slowest.derived["vs_best_k"] - 1
             lines.append(
-                f"#13 tails {mode} {dtype}: every K within {excess:.0%} of the best K per "
+                f"tails {mode} {dtype}: every K within {excess:.0%} of the best K per "
                 f"weight byte (worst K={slowest.K}; target 10%) "
                 f"{'met' if excess <= 0.10 else 'MISSED'}"
             )
@@ -731,8 +744,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--shapes", type=shapes, default=list(SHAPES), help="N x K of the weights, e.g. 4096x4096"
     )
-    parser.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
-    parser.add_argument("--dtypes", type=lambda s: s.split(","), default=list(DTYPES))
+
+    def names(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+        def parse(text: str) -> list[str]:
+            values = text.split(",")
+            unknown = [v for v in values if v not in allowed]
+            if unknown:
+                raise argparse.ArgumentTypeError(
+                    f"{', '.join(unknown)}: not one of {', '.join(allowed)}"
+                )
+            return values
+
+        return parse
+
+    parser.add_argument(
+        "--modes",
+        type=names(list(FORMATS)),
+        default=list(MODES),
+        help=f"comma-separated modes, of {', '.join(FORMATS)} (MLX's baselines in MLX's)",
+    )
+    parser.add_argument(
+        "--dtypes",
+        type=names(["float32", "float16", "bfloat16"]),
+        default=list(DTYPES),
+        help="comma-separated types of x: float32, float16, bfloat16",
+    )
     parser.add_argument("--reps", type=int, default=5, help="timed calls per measurement (min)")
     parser.add_argument(
         "--mlx-budget",
@@ -755,7 +791,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--vs-ggml",
         action="store_true",
-        help="also time ggml's CPU backend (mxfp4, nvfp4; needs the bench extra's ggml-python)",
+        help="also time ggml's CPU backend (mxfp4, nvfp4; needs ggml-python: "
+        "pip install -e 'tools/fpqmm_dev[ggml]' from the source checkout)",
     )
     parser.add_argument(
         "--min-time",
@@ -858,13 +895,23 @@ def main(argv: list[str] | None = None) -> None:
     read_time, sgemm_timing = read_bandwidth(os.cpu_count() or 1), sgemm_time()
     bandwidth, sgemm = (1 << 30) / read_time.best, 2 * 4096**3 / sgemm_timing.best
     if args.moe:
-        out = sys.stdout
+        out = sys.stderr if args.json == "-" else sys.stdout
         print(
             f"{time.strftime('%Y-%m-%d')}  {platform.machine()}, {threads} threads, "
             f"mlx {mx.__version__}; read bandwidth {bandwidth / 1e9:.1f} GB/s",
             file=out,
         )
-        moe_main(args, bandwidth, out)
+        rows = moe_main(args, bandwidth, out)
+        write_json(
+            args,
+            {
+                "date": time.strftime("%Y-%m-%d %H:%M"),
+                "machine": platform.machine(),
+                "threads": threads,
+                "limits": {"read_bandwidth": bandwidth},
+                "moe": [asdict(row) for row in rows],
+            },
+        )
         return
     out = sys.stderr if args.json == "-" else sys.stdout
     print(

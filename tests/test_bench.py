@@ -77,19 +77,18 @@ def test_targets_name_the_worst_row_and_the_verdict():
     ]
     lines = bench.targets(rows, bandwidth=1e10, sgemm=1e11)
     expected = [
-        "#13 M=1 bfloat16: at least 91% of read bandwidth in every row (worst mxfp4 "
+        "M=1 bfloat16: at least 91% of read bandwidth in every row (worst mxfp4 "
         "4096x4096; target 90%) met",
-        "#13 M=8 bfloat16: at most 2.50x the M=1 time in every product (worst mxfp4 "
+        "M=8 bfloat16: at most 2.50x the M=1 time in every product (worst mxfp4 "
         "4096x4096; target 2.6x) met",
-        "#13 M=1 bfloat16: at least 120x mx.quantized_matmul (worst mxfp4 4096x4096; "
-        "target 100x) met",
-        "#13 M=1 float32: at least 84% of read bandwidth in every row (worst mxfp4 "
+        "M=1 bfloat16: at least 120x mx.quantized_matmul (worst mxfp4 4096x4096; target 100x) met",
+        "M=1 float32: at least 84% of read bandwidth in every row (worst mxfp4 "
         "4096x4096; target 85%) MISSED",
-        "#13 M=8 float32: at most 2.70x the M=1 time in every product (worst mxfp4 "
+        "M=8 float32: at most 2.70x the M=1 time in every product (worst mxfp4 "
         "4096x4096; target 2.6x) MISSED",
-        "#13 M=1 float32: at least 25x mx.quantized_matmul (worst mxfp4 4096x4096; target 20x) met",
+        "M=1 float32: at least 25x mx.quantized_matmul (worst mxfp4 4096x4096; target 20x) met",
     ]
-    assert [line for line in lines if line.startswith("#13")] == expected
+    assert [line for line in lines if line.startswith("M=")] == expected
 
 
 def test_tails_table(capsys):
@@ -107,8 +106,8 @@ def test_tails_table(capsys):
         for r in group:
             assert r.derived["ns_per_byte"] == pytest.approx(r.ours.best / r.weight_bytes * 1e9)
     assert [line.split(":")[0] for line in lines] == [
-        "#13 tails mxfp4 bfloat16",
-        "#13 tails nvfp4 bfloat16",
+        "tails mxfp4 bfloat16",
+        "tails nvfp4 bfloat16",
     ]
     table = capsys.readouterr().out.splitlines()
     assert len([line for line in table if line.split()[:1] in (["mxfp4"], ["nvfp4"])]) == 6
@@ -175,3 +174,20 @@ def test_gpu_bench_times_every_column_over_graphs_of_the_same_size(monkeypatch):
     assert [r.layout for r in rows] == ["unsorted", "sorted"] and sizes == [5, 5, 5, 5]
     assert _bench_gpu.cycled([1, 2, 3], 2) == [1, 2, 3]
     assert _bench_gpu.cycled([1, 2], 5) == [1, 2, 1, 2, 1]
+
+
+def test_float_scale_modes_and_moe_json(tmp_path, capsys):
+    """fp4 / fp8 rows have no MLX baseline (MLX lacks the modes) instead of failing the
+    run, and --moe writes its rows to --json."""
+    rows = tmp_path / "rows.json"
+    bench.main([*TINY, "--mlx-budget", "1", "--shapes", "64x128", "--rows", "1", "--modes",
+                "mxfp4,fp8", "--dtypes", "float32", "--json", str(rows)])  # fmt: skip
+    by_mode = {row["mode"]: row for row in json.loads(rows.read_text())["rows"]}
+    assert by_mode["mxfp4"]["mlx_qmm"] is not None and by_mode["fp8"]["mlx_qmm"] is None
+    moe = tmp_path / "moe.json"
+    bench.main([*TINY, "--moe", "--moe-shape", "64x128", "--experts", "4", "--top-k", "2",
+                "--modes", "mxfp4", "--dtypes", "float32", "--json", str(moe)])  # fmt: skip
+    assert {row["tokens"] for row in json.loads(moe.read_text())["moe"]} == set(bench.MOE_TOKENS)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--modes", "int4"])
+    assert "int4: not one of" in capsys.readouterr().err

@@ -281,3 +281,37 @@ def test_convert_name_stays_the_function(monkeypatch):
     __import__("mlx_fpqmm.convert")  # `import mlx_fpqmm.convert`
     assert mlx_fpqmm.convert is mlx_fpqmm.nn.convert
     assert callable(mlx_fpqmm.convert)
+
+
+@pytest.mark.slow  # subprocesses
+def test_cli_mistakes_are_one_line_errors(converted, tmp_path):
+    """A user's mistake is the parser's error (exit status 2, no traceback): an output that
+    exists, a path that is neither a directory nor a repository, a model with nothing left
+    to quantize; mlx_lm.generate's options that this path does not take are refused and
+    not offered."""
+
+    def fails(module: str, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", module, *args], env=ENV, capture_output=True, text=True
+        )
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        return result.stderr.splitlines()[-1]
+
+    hf_path = str(converted["checkpoints"]["llama"])
+    out = tmp_path / "fp8"
+    run("mlx_fpqmm.convert", "--hf-path", hf_path, "--mlx-path", str(out), "--mode", "fp8")
+    assert "already exists" in fails(
+        "mlx_fpqmm.convert", "--hf-path", hf_path, "--mlx-path", str(out)
+    )
+    missing = str(tmp_path / "missing")
+    assert f"{missing} is not a local directory either" in fails(
+        "mlx_fpqmm.convert", "--hf-path", missing, "--mlx-path", str(tmp_path / "o")
+    )
+    assert "quantized already (fp8): no float layer" in fails(
+        "mlx_fpqmm.convert", "--hf-path", str(out), "--mlx-path", str(tmp_path / "o"), "--mode",
+        "mxfp8",
+    )  # fmt: skip
+    assert "--draft-model: use mlx_lm.generate" in fails(
+        "mlx_fpqmm.generate", "--model", str(out), "--draft-model", str(out)
+    )
+    assert "--draft-model" not in run("mlx_fpqmm.generate", "--help").stdout

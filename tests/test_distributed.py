@@ -268,7 +268,7 @@ def test_sharded_generate_two_ranks(backend, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS[1:])  # the CPUs quantize 8B too slowly
 def test_sharded_generate_llama3_8b_shapes(backend, tmp_path):
-    argv = [EXAMPLE, "--backend", backend, "--model", "llama3-8b", "--tokens", "16"]
+    argv = [EXAMPLE, "--backend", backend, "--model", "llama-3-8b", "--tokens", "16"]
     with Ranks(argv, tmp_path, backend) as ranks:
         outputs = ranks.wait(600)
     lines = generated(outputs)

@@ -582,8 +582,8 @@ void register_metal_bindings(nb::module_& m) {
               installed it.
             kernel (str, optional): Metal: ``"auto"``, ``"qmv"``, ``"mma"``
               or ``"nax"``; CUDA: ``"auto"``, ``"qmv"``, ``"simple"``,
-              ``"qmv_staged"``, ``"dequantize"``, ``"grouped"`` or
-              ``"tiled"``.
+              ``"qmv_staged"``, ``"dequantize"``, ``"grouped"``, ``"tiled"``
+              or ``"wgmma"``.
               Default: ``MLX_FPQMM_KERNEL`` or ``"auto"``.
 
         Returns:
