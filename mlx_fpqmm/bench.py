@@ -28,6 +28,7 @@ call so that the experts' weights come from memory.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -496,13 +497,11 @@ def targets(rows: list[Row], bandwidth: float, sgemm: float) -> list[str]:
 
 
 def plot(path: str, rows: list[Row], bandwidth: float, sgemm: float) -> None:
-    try:
-        import matplotlib
+    import matplotlib  # parse_args checked that it is there
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as error:
-        raise SystemExit("--plot needs matplotlib (pip install 'mlx-fpqmm[bench]')") from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(9, 6))
     intensity = np.logspace(-1, 4, 200)
     ax.plot(intensity, np.minimum(bandwidth * intensity, sgemm) / 1e9, "k-", lw=1)
@@ -738,7 +737,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         return [int(v) for v in text.split(",")]
 
     def shapes(text: str) -> list[tuple[int, int]]:
-        return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]  # type: ignore[misc]
+        found = [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
+        if any(len(shape) != 2 for shape in found):
+            raise ValueError(text)
+        return found  # type: ignore[return-value]
 
     parser.add_argument("--rows", type=ints, default=list(ROWS), help="values of M")
     parser.add_argument(
@@ -830,6 +832,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.device == "gpu" and not mx.cuda.is_available():
         parser.error("--device gpu needs MLX's CUDA build and an NVIDIA GPU")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib (pip install 'mlx-fpqmm[bench]')")
     return args
 
 
