@@ -88,9 +88,10 @@ def _user_errors(parser: argparse.ArgumentParser, model_path: str, run: Callable
     exists, an option the model does not take) as the parser's one-line error."""
     try:
         return run()
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:
         message = str(error)
-        if not Path(model_path).exists():
+        # Not found on the Hub: say that it is no directory here either.
+        if type(error).__module__.startswith("huggingface_hub") and not Path(model_path).exists():
             message += f" ({model_path} is not a local directory either)"
         parser.error(message)
 

@@ -223,6 +223,10 @@ def convert_checkpoint(
         cast_predicate = getattr(model, "cast_predicate", lambda _: True)
 
         def set_dtype(k, v):
+            # The layers quantized already keep their scales' types (float scales, and
+            # nvfp4's float32 tensor scale, which the op requires).
+            if k.endswith((".scales", ".global_scale")):
+                return v
             if cast_predicate(k) and mx.issubdtype(v.dtype, mx.floating):
                 return v.astype(dtype)
             return v

@@ -315,3 +315,36 @@ def test_cli_mistakes_are_one_line_errors(converted, tmp_path):
         "mlx_fpqmm.generate", "--model", str(out), "--draft-model", str(out)
     )
     assert "--draft-model" not in run("mlx_fpqmm.generate", "--help").stdout
+
+
+def test_convert_keeps_the_scales_of_layers_quantized_already(converted, tmp_path):
+    """A checkpoint whose experts are quantized already (nvfp4 with tensor scales, as
+    gpt-oss ships mxfp4 experts) and whose other layers are float, converted with a
+    dtype: the float layers are cast and quantized, the experts' scales keep their types
+    (the op takes float32 tensor scales only)."""
+    from mlx_fpqmm import _lm
+
+    model, config = load_model(converted["checkpoints"]["qwen3_moe"])
+    experts = {"group_size": 16, "bits": 4, "mode": "nvfp4"}
+    model, config = _lm.quantize_model(
+        model,
+        dict(config),
+        None,
+        "nvfp4",
+        True,
+        lambda path, module: experts if "switch_mlp" in path else False,
+        verbose=False,
+    )
+    partly = tmp_path / "partly"
+    save_model(partly, model)
+    save_config(config, partly / "config.json")
+    save_tokenizer(partly)
+    reference = model(TOKENS)
+    out = tmp_path / "converted"
+    _lm.convert_checkpoint(str(partly), out, mode="mxfp8", dtype="bfloat16", verbose=False)
+    loaded, _ = mlx_fpqmm.load(str(out))
+    scales = [m.global_scale for _, m in loaded.named_modules() if "global_scale" in m]
+    assert scales and all(s.dtype == mx.float32 for s in scales)
+    logits = loaded(TOKENS)
+    assert mx.isfinite(logits).all().item()
+    assert (mx.abs(logits - reference).max() / mx.abs(reference).max()).item() < 0.1

@@ -212,7 +212,7 @@ print(mlx_fpqmm._ext._cpu_threads())
 @pytest.mark.parametrize(
     "value, threads",
     [("3", 3), ("100000", 256), ("99999999999", 256), ("abc", None), ("7abc", None),
-     ("1e9", None), ("0", None), ("-2", None)],
+     ("1e9", None), ("0", None), ("-2", None), ("-99999999999", None)],
 )  # fmt: skip
 def test_num_threads_setting(value, threads):
     """MLX_FPQMM_NUM_THREADS: a positive integer, at most 256 threads; anything else is

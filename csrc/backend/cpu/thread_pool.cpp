@@ -63,7 +63,7 @@ int configured_threads() {
   int requested = 0;
   const auto [end, error] =
       std::from_chars(text.data(), text.data() + text.size(), requested);
-  if (error == std::errc::result_out_of_range) {
+  if (error == std::errc::result_out_of_range && text.front() != '-') {
     return kMaxThreads;
   }
   if (error != std::errc() || end != text.data() + text.size() ||
