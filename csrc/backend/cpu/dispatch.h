@@ -35,7 +35,16 @@ void dispatch(
   // MLX_FPQMM_NUM_THREADS raises from the evaluation, where inside the task
   // MLX would not report it.
   num_threads();
-  encoder.dispatch([inputs,
+  // Views of the arrays, as MLX's own CPU ops take them (MLX keeps their
+  // buffers until the task has run): a copy of an array would drop its graph
+  // node on the stream's thread, racing the evaluating thread (a corrupted
+  // heap at exit with products still queued).
+  std::vector<mx::array> views;
+  views.reserve(inputs.size());
+  for (const auto& input : inputs) {
+    views.push_back(mx::array::unsafe_weak_copy(input));
+  }
+  encoder.dispatch([inputs = std::move(views),
                     out = mx::array::unsafe_weak_copy(out),
                     task = std::move(task)]() mutable { task(inputs, out); });
 }
