@@ -234,7 +234,8 @@ def fuse_projections(model: nn.Module) -> list[str]:
     ones, as ``load_weights`` does: an array changed in place (``layer.scales *= 2``) keeps
     its identity, which is all the sharing checks. The outputs are those of the separate
     layers, up to float rounding. Apply it after :func:`convert` or :func:`quantize`, for
-    inference.
+    inference. A fused model does not compile with ``mx.compile(shapeless=True)``: MLX
+    cannot infer the shapes of the parts cut from the product, and the call raises.
 
     Args:
         model (mlx.nn.Module): The model, updated in place.

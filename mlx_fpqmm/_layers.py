@@ -72,10 +72,21 @@ def quantize_weight(
         layer.global_scale = global_scale
 
 
+def tensor_scale(layer: nn.Module) -> mx.array | None:
+    """The layer's ``global_scale`` as the ops take it (float32), or ``None``.
+
+    ``Module.set_dtype`` casts it with the other float parameters; the ops multiply in float32.
+    """
+    global_scale = layer.get("global_scale")
+    if global_scale is None or global_scale.dtype == mx.float32:
+        return global_scale
+    return global_scale.astype(mx.float32)
+
+
 def matmul(layer: nn.Module, x: mx.array, transpose: bool = True) -> mx.array:
     """``x @ dequantize(layer.weight).T`` (``transpose=False``: without the ``.T``)."""
     op = qmm_for_mode(layer.mode)
-    global_scale = layer.get("global_scale")
+    global_scale = tensor_scale(layer)
     extra = {} if global_scale is None else {"global_scale": global_scale}
     return op(x, layer["weight"], layer["scales"], transpose, layer.group_size, layer.mode, **extra)
 

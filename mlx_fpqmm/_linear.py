@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ._ext import dequantize as _dequantize
-from ._layers import matmul, quantize_weight, setup, wrap
+from ._layers import matmul, quantize_weight, setup, tensor_scale, wrap
 
 __all__ = ["QuantizedEmbedding", "QuantizedLinear"]
 
@@ -155,7 +155,7 @@ class QuantizedEmbedding(nn.QuantizedEmbedding):
             self["scales"][x],
             group_size=self.group_size,
             mode=self.mode,
-            global_scale=self.get("global_scale"),
+            global_scale=tensor_scale(self),
         )
 
     def as_linear(self, x: mx.array) -> mx.array:

@@ -13,9 +13,11 @@ Re-exported from :mod:`mlx_fpqmm.nn`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import sys
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -88,10 +90,27 @@ def _keep_global_scales(sharding: Sharding, segments: int | list) -> Callable:
     return guarded
 
 
-def _check_divisible(layer: nn.Module, axis_dims: int, what: str) -> None:
+def _check_divisible(layer: nn.Module, axis_dims: int, what: str, segments: int | list = 1) -> None:
+    """Refuse a split that MLX's sharding would fail on: each of the ``segments`` in
+    ``n`` equal parts, along the input whole groups of codes (its scales are split too)."""
     n = layer.group.size()
-    if axis_dims % n:
-        raise ValueError(f"Cannot shard the {what} of size {axis_dims} across {n} devices.")
+    unit = n * (layer.group_size if what == "input" else 1)
+    if isinstance(segments, int):
+        sizes = [Fraction(axis_dims, segments)] * segments
+    elif all(isinstance(s, float) for s in segments):  # fractions of the axis, as MLX's
+        bounds = [0, *(int(s * axis_dims) for s in segments), axis_dims]
+        sizes = [end - start for start, end in itertools.pairwise(bounds)]
+    else:  # split indices: MLX applies them to each packed array as it is
+        return
+    if any(size % unit for size in sizes):
+        in_segments = f" in {len(sizes)} segments" if len(sizes) > 1 else ""
+        need = f"multiples of {unit}" + (
+            f" ({n} devices x group size {layer.group_size})" if what == "input" else ""
+        )
+        raise ValueError(
+            f"Cannot shard the {what} of size {axis_dims}{in_segments} across {n} devices: "
+            f"the parts to split must be {need}."
+        )
 
 
 class _ShardedMixin:
@@ -157,9 +176,9 @@ class _ShardedMixin:
         out_dims, packed = source["weight"].shape
         in_dims = packed * 32 // layer.bits
         if cls._sharding == "all-to-sharded":
-            _check_divisible(layer, out_dims, "output")
+            _check_divisible(layer, out_dims, "output", segments)
         else:
-            _check_divisible(layer, in_dims, "input")
+            _check_divisible(layer, in_dims, "input", segments)
         _MLX_SHARD_INPLACE(layer, _keep_global_scales(cls._sharding, segments), group=layer.group)
         layer.freeze()  # as MLX's sharded layers: every parameter
         return layer

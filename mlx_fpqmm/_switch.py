@@ -14,7 +14,7 @@ from mlx_lm.models import switch_layers
 
 from ._ext import gather_qmm
 from ._fused import _Siblings, shared_output, switch_product
-from ._layers import quantize_weight, setup, wrap
+from ._layers import quantize_weight, setup, tensor_scale, wrap
 
 __all__ = ["FusedQuantizedSwitchLinear", "QuantizedSwitchLinear"]
 
@@ -89,7 +89,7 @@ class QuantizedSwitchLinear(switch_layers.QuantizedSwitchLinear):
             transpose=True,
             group_size=self.group_size,
             mode=self.mode,
-            global_scale=self.get("global_scale"),
+            global_scale=tensor_scale(self),
             sorted_indices=sorted_indices,
         )
         return self._biased(x, indices)

@@ -399,6 +399,34 @@ def test_delegates_to_mlx():
         QuantizedAllToShardedLinear.from_quantized_linear(affine)
 
 
+class _TwoRanks:
+    """A group's size and rank, for the checks made before any sharding."""
+
+    def size(self) -> int:
+        return 2
+
+    def rank(self) -> int:
+        return 0
+
+
+def test_unequal_shards_are_refused():
+    two = _TwoRanks()
+    by_group = r"input of size 96 across 2 devices: .*multiples of 64 \(2 devices x group size 32\)"
+    with pytest.raises(ValueError, match=by_group):
+        QuantizedShardedToAllLinear(96, 64, mode="mxfp4", group=two)
+    with pytest.raises(ValueError, match=by_group):
+        shard_linear(QuantizedLinear(96, 64, mode="mxfp4"), "sharded-to-all", group=two)
+    with pytest.raises(ValueError, match=r"output of size 64 in 3 segments across 2 devices"):
+        shard_linear(QuantizedLinear(64, 64), "all-to-sharded", segments=3, group=two)
+    with pytest.raises(ValueError, match=r"output of size 65 across 2 devices"):
+        QuantizedAllToShardedLinear(64, 65, group=two)
+    with pytest.raises(ValueError, match=r"input of size 128 in 2 segments"):
+        layer = QuantizedLinear(128, 8, mode="nvfp4")
+        shard_linear(layer, "sharded-to-all", segments=[0.375], group=two)
+    layer = QuantizedShardedToAllLinear(128, 64, mode="mxfp4", group=two)
+    assert layer.weight.shape == (64, 64 * 4 // 32)
+
+
 def test_shard_inplace_keeps_global_scales():
     layer = QuantizedLinear(64, 32, mode="nvfp4", global_scale=True)
     gs = layer.global_scale

@@ -204,6 +204,34 @@ def test_nvfp4_global_scale():
     assert mx.array_equal(emb(mx.array([3, 0, 63])), w[mx.array([3, 0, 63])])
 
 
+def test_global_scale_after_set_dtype():
+    # Module.set_dtype casts global_scale with the other float parameters (as it would cast
+    # mlx-lm's); the layers then multiply with the cast value in float32, as the ops need.
+    from mlx_fpqmm.nn import QuantizedSwitchLinear
+
+    layers = {
+        "linear": QuantizedLinear(128, 40, mode="nvfp4", global_scale=True),
+        "embedding": QuantizedEmbedding(64, 128, mode="nvfp4", global_scale=True),
+        "switch": QuantizedSwitchLinear(128, 40, 4, mode="nvfp4", global_scale=True),
+    }
+    x = mx.random.normal((3, 128)).astype(mx.bfloat16)
+    ids = mx.array([3, 0, 1])
+    calls = {
+        "linear": lambda m: [m(x)],
+        "embedding": lambda m: [m(ids), m.as_linear(x)],
+        "switch": lambda m: [m(x[:, None, None], ids[:, None])],
+    }
+    for name, layer in layers.items():
+        before = calls[name](layer)
+        layer.set_dtype(mx.bfloat16)
+        assert layer.global_scale.dtype == mx.bfloat16, name
+        after = calls[name](layer)
+        layer.global_scale = layer.global_scale.astype(mx.float32)
+        for got, same, old in zip(after, calls[name](layer), before, strict=True):
+            assert mx.array_equal(got, same), name
+            assert (mx.abs(got - old).max() / mx.abs(old).max()).item() < 2**-6, name
+
+
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_embedding(mode):
     embedding = nn.Embedding(64, 128)
