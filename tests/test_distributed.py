@@ -420,8 +420,8 @@ def test_unequal_shards_are_refused():
         shard_linear(QuantizedLinear(64, 64), "all-to-sharded", segments=3, group=two)
     with pytest.raises(ValueError, match=r"output of size 65 across 2 devices"):
         QuantizedAllToShardedLinear(64, 65, group=two)
+    layer = QuantizedLinear(128, 8, mode="nvfp4")
     with pytest.raises(ValueError, match=r"input of size 128 in 2 segments"):
-        layer = QuantizedLinear(128, 8, mode="nvfp4")
         shard_linear(layer, "sharded-to-all", segments=[0.375], group=two)
     layer = QuantizedShardedToAllLinear(128, 64, mode="mxfp4", group=two)
     assert layer.weight.shape == (64, 64 * 4 // 32)
