@@ -1,8 +1,12 @@
 """Reference results for the tests, sharing no code with mlx_fpqmm.
 
 MLX's own modes are decoded by ``mx.dequantize``; the float-scale modes by a
-decoder built here from MLX ops and ml_dtypes' code tables.
+decoder built here from MLX ops and ml_dtypes' code tables. Also: the
+primitives of a graph, as MLX writes them.
 """
+
+import tempfile
+from pathlib import Path
 
 import ml_dtypes
 import mlx.core as mx
@@ -110,3 +114,11 @@ def quantized_experts(mode, E, rows, cols, global_scale=False):
     scales = mx.max(mx.abs(w), axis=(1, 2)).astype(mx.float32)
     parts = [mlx_fpqmm.quantize(w[e], mode=mode, global_scale=scales[e]) for e in range(E)]
     return mx.stack([p[0] for p in parts]), mx.stack([p[1] for p in parts]), scales
+
+
+def graph_nodes(y) -> str:
+    """The DOT text of y's unevaluated graph (its primitives' names)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "graph.dot"
+        mx.export_to_dot(str(path), y)
+        return path.read_text()

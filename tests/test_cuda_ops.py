@@ -20,6 +20,7 @@ from reference import (
     DEFAULT_GROUP_SIZE,
     TOLERANCE,
     gather_reference,
+    graph_nodes,
     qmm_reference,
     quantized_experts,
     relative_error,
@@ -244,17 +245,19 @@ def test_nvfp4_global_scale_is_read_by_the_kernel(M):
     assert relative_error(plain, reference) > 1.0
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
 @pytest.mark.parametrize("transpose", [True, False], ids=["t", "n"])
 @pytest.mark.parametrize("w_batch", [(3,), (1,), (2, 3)], ids=str)
-@pytest.mark.parametrize("x_batch", [(2, 3), (2, 1), (3,)], ids=str)
-@pytest.mark.parametrize("M", [5, 200])
-def test_batched_and_broadcast_weights(transpose, w_batch, x_batch, M):
+@pytest.mark.parametrize("x_batch", [(2, 3), (2, 1), (3,), (1,), ()], ids=str)
+@pytest.mark.parametrize("M", [5, 64, 200])
+def test_batched_and_broadcast_weights(dtype, transpose, w_batch, x_batch, M):
     """x's and w's batches broadcast against each other (by the product's
-    batch strides: 0 along an axis that one lacks or has as 1)."""
+    batch strides: 0 along an axis that one lacks or has as 1), through the
+    decode, tiled and simple kernels and dequantize + matmul."""
     mode, N, K = "mxfp4", 96, 256
     w = mx.random.normal((*w_batch, N, K) if transpose else (*w_batch, K, N))
     w_q, scales = mlx_fpqmm.quantize(w, mode=mode)
-    x = mx.random.normal((*x_batch, M, K))
+    x = mx.random.normal((*x_batch, M, K)).astype(dtype)
     batch = np.broadcast_shapes(x_batch, w_batch)
     y = product(mode, x, w_q, scales, GPU, transpose=transpose)
     assert y.shape == (*batch, M, N)
@@ -264,6 +267,35 @@ def test_batched_and_broadcast_weights(transpose, w_batch, x_batch, M):
     for index in np.ndindex(batch):
         reference = qmm_reference(x_b[index], w_q_b[index], s_b[index], mode, transpose)
         assert relative_error(y[index], reference) < tolerance(x, w_q_b), index
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
+@pytest.mark.parametrize(
+    "x_shape, w_batch",
+    [
+        ((1, 256), ()),
+        ((40, 256), ()),
+        ((41, 256), ()),
+        ((600, 256), ()),
+        ((2, 300, 256), ()),
+        ((64, 256), (3,)),
+        ((200, 256), (2,)),
+        ((1, 200, 256), (2,)),
+        ((2, 200, 256), (1,)),
+        ((2, 600, 256), (2,)),
+    ],
+    ids=str,
+)
+def test_the_op_builds_the_path_that_kernel_path_shows(x_shape, w_batch, dtype):
+    """The op's choice of dequantize + matmul over the primitive is the plan's
+    for the primitive's problem, batches included (kernel_path)."""
+    w_q, scales = mlx_fpqmm.quantize(mx.random.normal((*w_batch, 96, 256)), mode="mxfp4")
+    x = mx.random.normal(x_shape).astype(dtype)
+    plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode="mxfp4", device="cuda")
+    y = product("mxfp4", x, w_q, scales, GPU)
+    nodes = graph_nodes(y)
+    assert ("FpDequantize" in nodes) == (plan["path"] == "dequantize_matmul"), plan
+    assert ("FpQuantizedMatmul" in nodes) != ("FpDequantize" in nodes), nodes
 
 
 def test_kernels_one_after_another_in_any_order():

@@ -6,9 +6,6 @@ float64 reference, gather's clamped indices, NaN pairs and per-expert scales.
 No GPU needed; the CUDA tests run the same graphs
 with FpDequantize's CUDA kernel."""
 
-import tempfile
-from pathlib import Path
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -18,6 +15,7 @@ from reference import (
     FLOAT_SCALE_MODES,
     TOLERANCE,
     gather_reference,
+    graph_nodes,
     qmm_reference,
     quantized_experts,
     relative_error,
@@ -27,14 +25,6 @@ import mlx_fpqmm
 from mlx_fpqmm.testing import dequantize_on_cpu
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-
-
-def graph_nodes(y) -> str:
-    """The DOT text of y's unevaluated graph (its primitives' names)."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "graph.dot"
-        mx.export_to_dot(str(path), y)
-        return path.read_text()
 
 
 def product(mode, x, w_q, scales, **kwargs):

@@ -1,12 +1,11 @@
 #include "ops/ops.h"
 
-#include <algorithm>
-#include <limits>
 #include <memory>
 #include <stdexcept>
 
 #include "mlx/ops.h"
 
+#include "backend/common/problem.h"
 #include "backend/cuda/device.h"
 #include "ops/checks.h"
 #include "ops/qmm.h"
@@ -21,32 +20,26 @@ namespace {
 // by MLX's matmul (which broadcasts batches: w is best passed before any
 // broadcast, so that each matrix is dequantized once).
 std::optional<mx::array> dequantized_product(
-    const mx::array& x,
-    const mx::array& w,
-    const mx::array& scales,
-    const std::optional<mx::array>& global_scale,
+    const std::vector<mx::array>& inputs,
     Mode mode,
     int group_size,
     bool transpose,
     mx::Stream stream) {
-  if (x.size() == 0 || w.size() == 0) {
+  const auto& x = input(inputs, Input::x);
+  if (x.size() == 0 || input(inputs, Input::w).size() == 0) {
     return std::nullopt;
   }
-  // The plan's M: with 2-D weights every leading axis of x is folded in.
-  QmmProblem problem{
-      mode,
-      group_size,
-      transpose,
-      static_cast<int>(std::min<int64_t>(
-          w.ndim() == 2 ? x.size() / x.shape(-1) : x.shape(-2),
-          std::numeric_limits<int>::max())),
-      transpose ? w.shape(-2) : w.shape(-1) * 32 / format_for(mode).bits,
-      x.shape(-1),
-      float_type(x.dtype())};
-  if (format_for(mode).scales == ScaleKind::floating) {
-    problem.scale_type = float_type(scales.dtype());
-  }
   if (!builds_dequantize(stream, [&](cuda::KernelRequest request) {
+        // The problem as the primitive's plan would see it: a batched
+        // product takes neither wgmma nor tiled's row range.
+        FpQuantizedMatmul product(stream, mode, group_size, transpose);
+        const auto problem = describe_problem(
+            inputs,
+            product.output_shapes(inputs)[0],
+            mode,
+            group_size,
+            transpose,
+            false);
         // The device only past the decode range (a decoding model calls
         // this for every product).
         if (request != cuda::KernelRequest::dequantize &&
@@ -59,8 +52,18 @@ std::optional<mx::array> dequantized_product(
       })) {
     return std::nullopt;
   }
+  std::optional<mx::array> global_scale;
+  if (has_global_scale(inputs)) {
+    global_scale = input(inputs, Input::global_scale);
+  }
   auto dense = dequantized_weights(
-      w, scales, global_scale, mode, group_size, x.dtype(), stream);
+      input(inputs, Input::w),
+      input(inputs, Input::scales),
+      global_scale,
+      mode,
+      group_size,
+      x.dtype(),
+      stream);
   return mx::matmul(
       x, transpose ? mx::swapaxes(dense, -1, -2, stream) : dense, stream);
 }
@@ -152,22 +155,12 @@ mx::array fp_qmm_checked(
   }
   // The batches broadcast in the product (primitive or matmul): each
   // matrix of W dequantized once.
+  auto inputs = make_inputs(x, w, scales, global_scale);
   auto out = dequantized_product(
-      x,
-      w,
-      scales,
-      global_scale,
-      format.mode,
-      resolved_group_size,
-      transpose,
-      stream);
+      inputs, format.mode, resolved_group_size, transpose, stream);
   if (!out) {
     out = make_fp_qmm(
-        make_inputs(x, w, scales, global_scale),
-        format.mode,
-        resolved_group_size,
-        transpose,
-        stream);
+        std::move(inputs), format.mode, resolved_group_size, transpose, stream);
   }
   return vector_input ? mx::squeeze(*out, -2, stream) : *out;
 }
@@ -184,7 +177,11 @@ mx::array fp_qmm_unchecked(
   // w and scales are the primitive's own inputs, readable in place (the op
   // made them so); x is a cotangent or tangent, e.g. a broadcast.
   if (auto product = dequantized_product(
-          x, w, scales, global_scale, mode, group_size, transpose, stream)) {
+          make_inputs(x, w, scales, global_scale),
+          mode,
+          group_size,
+          transpose,
+          stream)) {
     return *product;
   }
   return make_fp_qmm(

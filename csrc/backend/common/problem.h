@@ -16,7 +16,6 @@ namespace mlx_fpqmm {
 
 namespace mx = mlx::core;
 
-// Bytes of one element of x (or of y, which has x's type).
 // One FpQuantizedMatmul (or gather) call as the kernels see it: x is (batch...,
 // M, K), w and scales are (batch..., N or K, ...), each broadcast to y's
 // batch (stride 0 along the axes it lacks or has as 1), y is (batch..., M, N)

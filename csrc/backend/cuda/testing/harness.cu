@@ -15,6 +15,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/kernels/fp_decode.cuh"
@@ -659,13 +660,21 @@ std::vector<Case> test_cases() {
   }
   // float32 x of up to 4 rows times 8 MiB of W or more (the plan's x parts:
   // x split once into bfloat16 high and low parts), rows of W past the last
-  // whole tile, K split or not (odd M both ways), non-finite values too (at
-  // K = 512, where most rows hold no non-finite scale).
+  // whole tile, K split (E4M3 at 2052 x 4096, E2M1 at 2052 x 8192) or not
+  // (E2M1 at 4100 x 4096), odd and even M both ways, non-finite values too
+  // (at K = 512, where most rows hold no non-finite scale).
   for (const auto& m : kModes) {
     const bool bytes = m.mode == Mode::fp8 || m.mode == Mode::mxfp8;
-    for (auto [M, nonfinite] : {std::pair{1, false}, {3, true}, {3, false}, {4, false}}) {
-      const int N = nonfinite ? (bytes ? 16384 : 32768) : (bytes ? 2052 : 4100);
-      const int K = nonfinite ? 512 : 4096;
+    for (auto [M, nonfinite, wide_k] :
+         {std::tuple{1, false, false}, {2, false, false}, {3, true, false},
+          {3, false, false}, {4, false, false}, {2, false, true},
+          {3, false, true}}) {
+      if (wide_k && bytes) {
+        continue;
+      }
+      const int N = nonfinite ? (bytes ? 16384 : 32768)
+                              : (bytes || wide_k ? 2052 : 4100);
+      const int K = nonfinite ? 512 : (wide_k ? 8192 : 4096);
       Case c{name(m, "f32", true, M, N, K, " x parts"), m.mode, m.group_size,
              FloatType::float32, m.scale_type, true, M, N, K};
       c.global_scale = m.mode == Mode::nvfp4;
