@@ -224,6 +224,26 @@ def test_per_expert_global_scale():
     assert relative_error(wrong, reference) > 1e-2
 
 
+@pytest.mark.parametrize("x_batch", [(4,), (2, 1)], ids=str)
+def test_per_expert_global_scale_without_indices(x_batch):
+    """Without indices a global scale per matrix of w multiplies each matrix's
+    product, batches broadcast as in quantized_matmul (MLX takes no global scale
+    without indices)."""
+    E, N, K = 4, 16, 64
+    w_q, scales, global_scale = quantized_experts("nvfp4", E, N, K, global_scale=True)
+    x = mx.random.normal((*x_batch, 3, K))
+    y = mlx_fpqmm.gather_qmm(x, w_q, scales, mode="nvfp4", global_scale=global_scale)
+    lhs = np.arange(np.prod(x_batch)).reshape(x_batch)
+    rhs = mx.arange(E)
+    reference = gather_reference(x, w_q, scales, lhs, rhs, "nvfp4", global_scale=global_scale)
+    assert y.shape == (*np.broadcast_shapes(x_batch, (E,)), 3, N)
+    assert relative_error(y, reference) < 1e-5
+    explicit = mlx_fpqmm.gather_qmm(
+        x, w_q, scales, rhs_indices=rhs, mode="nvfp4", global_scale=global_scale
+    )
+    np.testing.assert_array_equal(np.array(y), np.array(explicit))
+
+
 def test_wrong_expert_scales_are_caught():
     """The check this file relies on fails when one expert's scales are another's."""
     E, N, K = 3, 16, 64

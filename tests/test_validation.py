@@ -93,8 +93,16 @@ CASES = {
         lambda: mlx_fpqmm.quantize(mx.zeros((4, 48)), mode="fp8"),
         r"last dimension of w \(48\) must be a multiple of group_size=32",
     ),
-    # (affine is MLX's: mlx_fpqmm.quantize takes mx.quantize's modes and its own)
-    "quantize mode": (lambda: mlx_fpqmm.quantize(X, mode="nope"), "Invalid mode 'nope'"),
+    # The drop-in ops take MLX's modes (affine passed to MLX) and their own.
+    **{
+        f"{name} mode": (call, "Invalid mode 'nope'; expected one of: affine, mxfp4, nvfp4, mxfp8")
+        for name, call in {
+            "quantize": lambda: mlx_fpqmm.quantize(X, mode="nope"),
+            "dequantize": lambda: mlx_fpqmm.dequantize(W4, S4, mode="nope"),
+            "quantized_matmul": lambda: mlx_fpqmm.quantized_matmul(X, W4, S4, mode="nope"),
+            "gather_qmm": lambda: mlx_fpqmm.gather_qmm(X, W4, S4, mode="nope"),
+        }.items()
+    },
     "dequantize dtype": (
         lambda: mlx_fpqmm.dequantize(WF, SF, mode="fp4", dtype=mx.int32),
         "dtype must be float32.*int32",

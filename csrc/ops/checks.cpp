@@ -51,14 +51,15 @@ bool is_supported_float(mx::Dtype dtype) {
 const Format& resolve_format(
     std::string_view op,
     const std::string& mode,
-    std::initializer_list<Mode> allowed) {
+    std::initializer_list<Mode> allowed,
+    bool affine_accepted) {
   auto parsed = mode_from_name(mode);
   for (Mode candidate : allowed) {
     if (parsed == candidate) {
       return format_for(candidate);
     }
   }
-  std::string names;
+  std::string names = affine_accepted ? "affine" : "";
   for (Mode candidate : allowed) {
     names +=
         (names.empty() ? "" : ", ") + std::string(format_for(candidate).name);

@@ -29,10 +29,13 @@ std::string dtype_string(mx::Dtype dtype);
 
 bool is_supported_float(mx::Dtype dtype);
 
+// The format of `mode`, one of `allowed`; `affine_accepted`: the op passes
+// MLX's affine mode to MLX before this check, so the error lists it too.
 const Format& resolve_format(
     std::string_view op,
     const std::string& mode,
-    std::initializer_list<Mode> allowed);
+    std::initializer_list<Mode> allowed,
+    bool affine_accepted = false);
 
 int resolve_group_size(
     std::string_view op, const Format& format, std::optional<int> group_size);

@@ -195,9 +195,12 @@ mx::array gather_qmm(
         s);
   }
   constexpr std::string_view op = "gather_qmm";
-  const auto& format = resolve_format(op, mode, kAllModes);
+  const auto& format = resolve_format(op, mode, kAllModes, true);
   check_biases_and_bits(op, format, biases, bits);
-  if (!lhs_indices && !rhs_indices) {
+  // Without indices the product is quantized_matmul's, but for a global
+  // scale per matrix of w, which the gather of every matrix reads.
+  if (!lhs_indices && !rhs_indices &&
+      (!global_scale || global_scale->size() <= 1)) {
     return fp_qmm_checked(
         op, x, w, scales, global_scale, format, group_size, transpose, s);
   }

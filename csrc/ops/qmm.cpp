@@ -237,8 +237,7 @@ mx::array quantized_matmul(
         x, w, scales, biases, transpose, group_size, bits, mode, s);
   }
   constexpr std::string_view op = "quantized_matmul";
-  const auto& format = resolve_format(
-      op, mode, {Mode::mxfp4, Mode::nvfp4, Mode::mxfp8, Mode::fp4, Mode::fp8});
+  const auto& format = resolve_format(op, mode, kAllModes, true);
   check_biases_and_bits(op, format, biases, bits);
   return fp_qmm_checked(
       op, x, w, scales, std::nullopt, format, group_size, transpose, s);

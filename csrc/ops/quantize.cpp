@@ -161,7 +161,7 @@ std::vector<mx::array> quantize(
     return mx::quantize(w, group_size, bits, mode, global_scale, s);
   }
   constexpr std::string_view op = "quantize";
-  const auto& format = resolve_format(op, mode, kAllModes);
+  const auto& format = resolve_format(op, mode, kAllModes, true);
   check_biases_and_bits(op, format, std::nullopt, bits);
   int resolved_group_size = resolve_group_size(op, format, group_size);
   check_global_scale(op, format, global_scale);
@@ -194,7 +194,7 @@ mx::array dequantize(
         w, scales, biases, group_size, bits, mode, global_scale, dtype, s);
   }
   constexpr std::string_view op = "dequantize";
-  const auto& format = resolve_format(op, mode, kAllModes);
+  const auto& format = resolve_format(op, mode, kAllModes, true);
   check_biases_and_bits(op, format, biases, bits);
   int resolved_group_size = resolve_group_size(op, format, group_size);
   check_global_scale(op, format, global_scale);
