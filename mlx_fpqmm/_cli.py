@@ -8,12 +8,13 @@ They live here rather than in ``mlx_fpqmm/convert.py``: the package attribute
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._formats import FORMATS
+from ._formats import FORMATS, resolve_mode
 
 
 def convert_parser() -> argparse.ArgumentParser:
@@ -48,6 +49,18 @@ def convert_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="Group size for quantization (default: the mode's).",
+    )
+    parser.add_argument(
+        "-q",
+        "--quantize",
+        action="store_true",
+        help="Always on (taken for mlx_lm.convert's command lines).",
+    )
+    parser.add_argument(
+        "--q-bits",
+        type=int,
+        default=None,
+        help="The mode's bits, if given (taken for mlx_lm.convert's command lines).",
     )
     parser.add_argument(
         "--global-scale",
@@ -103,6 +116,10 @@ def convert_main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.global_scale and args.mode != "nvfp4":
         parser.error("--global-scale needs --mode nvfp4")
+    try:  # before the model loads
+        resolve_mode(args.mode, args.group_size, args.q_bits)
+    except ValueError as error:
+        parser.error(str(error))
     _user_errors(
         parser,
         args.hf_path,
@@ -134,13 +151,7 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
     # not offered in --help.
     unsupported_options = (
         "prompt_cache_file",
-        "draft_model",
-        "num_draft_tokens",
         "image",
-        "adapter_path",
-        "prefill_response",
-        "chat_template_config",
-        "use_default_chat_template",
         "quantize_activations",
     )
     for action in parser._actions:
@@ -170,10 +181,18 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
         args.model or DEFAULT_MODEL,
         lambda: load(
             args.model or DEFAULT_MODEL,
+            adapter_path=args.adapter_path,
             tokenizer_config=tokenizer_config,
             trust_remote_code=args.trust_remote_code,
         ),
     )
+    draft_model = None
+    if args.draft_model is not None:
+        draft_model, draft_tokenizer = _user_errors(
+            parser, args.draft_model, lambda: load(args.draft_model)
+        )
+        if draft_tokenizer.vocab_size != tokenizer.vocab_size:
+            parser.error("--draft-model: its tokenizer does not match the model's")
     if args.fuse_projections:
         from .nn import fuse_projections
 
@@ -189,7 +208,22 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
         if args.system_prompt is not None:
             messages.append({"role": "system", "content": args.system_prompt})
         messages.append({"role": "user", "content": prompt})
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prefill = args.prefill_response is not None
+        if prefill:
+            messages.append({"role": "assistant", "content": args.prefill_response})
+        template_kwargs = {}
+        if args.chat_template_config is not None:
+            try:
+                template_kwargs = json.loads(args.chat_template_config)
+            except ValueError as error:
+                parser.error(f"--chat-template-config: not JSON ({error})")
+        prompt = tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            continue_final_message=prefill,
+            add_generation_prompt=not prefill,
+            **template_kwargs,
+        )
     prompt = tokenizer.encode(prompt, add_special_tokens=not use_chat_template)
     sampler = make_sampler(
         args.temp,
@@ -213,6 +247,8 @@ def generate_main(argv: Sequence[str] | None = None) -> None:
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
         quantized_kv_start=args.quantized_kv_start,
+        draft_model=draft_model,
+        num_draft_tokens=args.num_draft_tokens,
     )
     if not args.verbose:
         print(response)

@@ -40,4 +40,9 @@ def resolve_mode(mode: str, group_size: int | None, bits: int | None) -> tuple[i
         )
     if bits is not None and bits != fmt["bits"]:
         raise ValueError(f"Mode '{mode}' stores {fmt['bits']}-bit codes but bits={bits} was given.")
+    if group_size is not None and group_size not in fmt["group_sizes"]:
+        sizes = ", ".join(map(str, fmt["group_sizes"]))
+        raise ValueError(
+            f"group_size={group_size} is not supported for mode '{mode}'; expected one of: {sizes}."
+        )
     return group_size or fmt["default_group_size"], fmt["bits"]

@@ -28,6 +28,17 @@ def setup(layer: nn.Module, mode: str, group_size: int | None, bits: int | None)
     layer.mode = mode
 
 
+def draw_as_constructed() -> None:
+    """Take one key from MLX's global random sequence, as a layer's constructor does.
+
+    mlx-lm quantizes a float layer by constructing the quantized one, whose random
+    placeholder weight takes a key; a layer quantized here without its constructor takes
+    the same key, so that loading a model leaves the random sequence where ``mlx_lm.load``
+    leaves it (a seeded generation then samples as mlx-lm's does).
+    """
+    mx.random.uniform(shape=())  # never evaluated
+
+
 def quantize(
     weight: mx.array, group_size: int, mode: str, global_scale: mx.array | None
 ) -> tuple[mx.array, mx.array]:

@@ -138,6 +138,9 @@ def quantize_model(
             params["global_scale"] = True
         # mlx-lm infers MLX's modes from the weights; everything else is written down.
         recorded = _tagged(params)
+        # A tagged layer always gets its entry (``recorded`` differs from the untagged
+        # ``quant_params``): mlx-lm reads a layer's mode from its entry, and stops on the
+        # tag, but takes a layer without one for affine (a missing-biases error).
         if fine_grained or recorded != quant_params:
             entries[path] = recorded
         return params
@@ -181,11 +184,13 @@ def convert_checkpoint(
     (safetensors shards, ``config.json``, tokenizer files, model card).
 
     Raises:
-        ValueError: ``mlx_path`` exists, or the model has no float layer left to quantize.
+        ValueError: ``mode`` or ``group_size`` is invalid, ``mlx_path`` exists, or the
+            model has no float layer left to quantize.
     """
     from mlx_lm.convert import MODEL_CONVERSION_DTYPES
     from mlx_lm.utils import save
 
+    group_size, _ = resolve_mode(mode, group_size, None)  # before anything loads
     mlx_path = Path(mlx_path)
     if mlx_path.exists():
         raise ValueError(
@@ -210,9 +215,7 @@ def convert_checkpoint(
             f"to quantize in {mode}; convert its float checkpoint instead."
         )
     if isinstance(quant_predicate, str):
-        quant_predicate = _recipe_predicate(
-            quant_predicate, model, mode, group_size or FORMATS[mode]["default_group_size"]
-        )
+        quant_predicate = _recipe_predicate(quant_predicate, model, mode, group_size)
     if dtype is None:
         dtype = config.get("torch_dtype", None)
     if dtype is None and (text_config := config.get("text_config", None)):

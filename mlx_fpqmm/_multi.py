@@ -13,7 +13,7 @@ from typing import ClassVar
 import mlx.core as mx
 from mlx_lm.models import mla
 
-from ._layers import matmul, quantize_weight, setup, wrap
+from ._layers import draw_as_constructed, matmul, quantize_weight, setup, wrap
 
 __all__ = ["QuantizedMultiLinear"]
 
@@ -83,6 +83,7 @@ class QuantizedMultiLinear(mla.QuantizedMultiLinear):
                 "scale, not one per head); leave its layers out of the global scale with "
                 "class_predicate."
             )
+        draw_as_constructed()
         quantized = cls.__new__(cls)
         setup(quantized, mode, group_size, bits)
         quantize_weight(quantized, layer.weight, False)

@@ -14,7 +14,7 @@ from mlx_lm.models import switch_layers
 
 from ._ext import gather_qmm
 from ._fused import _Siblings, shared_output, switch_product
-from ._layers import quantize_weight, setup, tensor_scale, wrap
+from ._layers import draw_as_constructed, quantize_weight, setup, tensor_scale, wrap
 
 __all__ = ["FusedQuantizedSwitchLinear", "QuantizedSwitchLinear"]
 
@@ -110,6 +110,7 @@ class QuantizedSwitchLinear(switch_layers.QuantizedSwitchLinear):
         global_scale: bool = False,
     ) -> QuantizedSwitchLinear:
         """Quantize a float ``SwitchLinear`` (its experts and bias)."""
+        draw_as_constructed()
         quantized = cls.__new__(cls)
         quantized._setup(layer.weight, group_size, bits, mode, global_scale)
         if "bias" in layer:

@@ -269,6 +269,23 @@ def test_generate_cli(converted):
     assert plain.stdout.strip() and fused.stdout == plain.stdout
 
 
+@pytest.mark.slow  # subprocesses
+def test_generate_cli_as_mlx_lm(converted):
+    """A seeded sampled generation of an mxfp4 MoE model (mlx-lm can load it) gives
+    mlx_lm.generate's text: loading draws from MLX's random sequence as mlx-lm's does;
+    a draft model of the same weights (speculative decoding) keeps the greedy text."""
+    hf_path = converted["checkpoints"]["qwen3_moe"]
+    out = converted["root"] / "moe-sampled"
+    run("mlx_fpqmm.convert", "--hf-path", str(hf_path), "--mlx-path", str(out), "--mode", "mxfp4")
+    common = ["--model", str(out), "--prompt", "w1 w2 w3 w4 w5 w6", "--verbose", "False"]
+    sampled = [*common, "--max-tokens", "12", "--temp", "0.8", "--seed", "3"]
+    ours, mlx_lm = run("mlx_fpqmm.generate", *sampled), run("mlx_lm", "generate", *sampled)
+    assert ours.stdout.strip() and ours.stdout == mlx_lm.stdout
+    greedy = [*common, "--max-tokens", "8"]
+    drafted = run("mlx_fpqmm.generate", *greedy, "--draft-model", str(out))
+    assert drafted.stdout == run("mlx_fpqmm.generate", *greedy).stdout
+
+
 def test_convert_name_stays_the_function(monkeypatch):
     """`python -m mlx_fpqmm.convert` exists without clobbering the function."""
     assert mlx_fpqmm.convert is mlx_fpqmm.nn.convert
@@ -311,10 +328,23 @@ def test_cli_mistakes_are_one_line_errors(converted, tmp_path):
         "mlx_fpqmm.convert", "--hf-path", str(out), "--mlx-path", str(tmp_path / "o"), "--mode",
         "mxfp8",
     )  # fmt: skip
-    assert "--draft-model: use mlx_lm.generate" in fails(
-        "mlx_fpqmm.generate", "--model", str(out), "--draft-model", str(out)
+    assert "group_size=48 is not supported for mode 'fp8'; expected one of: 16, 32, 64" in fails(
+        "mlx_fpqmm.convert", "--hf-path", hf_path, "--mlx-path", str(tmp_path / "o"), "--mode",
+        "fp8", "--group-size", "48",
+    )  # fmt: skip
+    assert not (tmp_path / "o").exists()
+    assert "Mode 'mxfp4' stores 4-bit codes but bits=8" in fails(
+        "mlx_fpqmm.convert", "--hf-path", hf_path, "--mlx-path", str(tmp_path / "o"), "-q",
+        "--q-mode", "mxfp4", "--q-bits", "8",
+    )  # fmt: skip
+    assert "--prompt-cache-file: use mlx_lm.generate" in fails(
+        "mlx_fpqmm.generate", "--model", str(out), "--prompt-cache-file", str(out)
     )
-    assert "--draft-model" not in run("mlx_fpqmm.generate", "--help").stdout
+    assert "--prompt-cache-file" not in run("mlx_fpqmm.generate", "--help").stdout
+    missing_adapter = str(tmp_path / "no-adapter")
+    assert missing_adapter in fails(
+        "mlx_fpqmm.generate", "--model", str(out), "--adapter-path", missing_adapter
+    )
 
 
 def test_convert_keeps_the_scales_of_layers_quantized_already(converted, tmp_path):
