@@ -7,7 +7,7 @@ python examples/convert_model.py MODEL        # an mlx-lm model (mxfp4/nvfp4/mxf
                                               # (any mode): directory or Hugging Face repo
 """
 
-import sys
+import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -135,8 +135,17 @@ def real_model(path: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        real_model(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "model", nargs="?", help="a model directory or Hugging Face repository (default: "
+        "the offline demo on tiny random models)",
+    )  # fmt: skip
+    model = parser.parse_args().model
+    if model:
+        try:
+            real_model(model)
+        except (ValueError, OSError) as error:  # not found, or not a model mlx-lm loads
+            parser.error(str(error))
     else:
         tiny_demo()
         tiny_moe_demo()

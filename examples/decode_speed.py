@@ -192,6 +192,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     name, module, config = MODELS[args.model]
+    if args.layers is not None and args.layers < 1:
+        parser.error(f"--layers {args.layers}: at least 1")
+    if args.layers is None and mx.default_device() == mx.cpu:
+        parser.error("on a CPU, name --layers (e.g. --layers 2 --modes ''): the whole "
+                     "bfloat16 model and its quantizing take tens of GB")  # fmt: skip
     layers = args.layers or config["num_hidden_layers"]
     if module is gpt_oss and (layers < 2 or layers % 2):
         parser.error("--layers of gpt-oss-20b: an even number (sliding and full attention)")

@@ -198,6 +198,8 @@ def main() -> None:
         # A world of one without MLX_HOSTFILE (ring) or NCCL_HOST_IP (nccl).
         group = mx.distributed.init(backend=args.backend)
     watch.name = f"rank {group.rank()} of {group.size()}"
+    if args.backend == "nccl" and not mx.cuda.is_available():
+        sys.exit("--backend nccl needs MLX's CUDA build (mlx[cuda13]) and NVIDIA GPUs")
     if args.backend == "nccl" and mx.device_count(mx.gpu) != 1:
         sys.exit(
             f"{watch.name}: sees {mx.device_count(mx.gpu)} GPUs; each rank needs its own "

@@ -360,7 +360,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tokens",
         type=lambda s: [int(v) for v in s.split(",")],
         default=list(MOE_TOKENS),
-        help="--moe on the GPU: numbers of tokens",
+        help="--moe: numbers of tokens",
     )
     parser.add_argument(
         "--no-mlx",

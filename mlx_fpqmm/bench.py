@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from types import ModuleType
 
 import mlx.core as mx
@@ -367,13 +368,14 @@ def header(vs_ggml: bool) -> str:
     )
 
 
-def ratio(d: dict[str, float], key: str, digits: int = 2) -> str:
-    if key not in d:
-        return "-"
+def ratio_text(value: float) -> str:
     # Fewer decimals for large ratios (a tiny product's first call after a pause can take
     # hundreds of times its steady time), so that the column keeps its width.
-    value = d[key]
-    return f"{value:.{digits if value < 10 else 1 if value < 100 else 0}f}"
+    return f"{value:.{2 if value < 10 else 1 if value < 100 else 0}f}"
+
+
+def ratio(d: dict[str, float], key: str) -> str:
+    return ratio_text(d[key]) if key in d else "-"
 
 
 def format_row(row: Row, vs_ggml: bool = False) -> str:
@@ -394,7 +396,7 @@ def format_row(row: Row, vs_ggml: bool = False) -> str:
         f"{row.ours.best * 1e3:>8.3g} {row.ours.median / row.ours.best:>6.2f} "
         f"{d['gbps']:>6.1f} {d['gflops']:>8.1f} {ratio(d, 'time_vs_m1'):>5} "
         f"{ratio(d, 'after_idle_vs_steady'):>5}{ggml} | {optional(row.mlx_qmm):>10} "
-        f"{ratio(d, 'speedup_vs_mx_qmm', 0):>6} | {optional(row.mlx_dequant_matmul):>10} "
+        f"{ratio(d, 'speedup_vs_mx_qmm'):>6} | {optional(row.mlx_dequant_matmul):>10} "
         f"{row.numpy_f32.best * 1e3:>9.3g} {d['vs_numpy_same_shape']:>7.2f}"
     )
 
@@ -535,9 +537,6 @@ def plot(path: str, rows: list[Row], bandwidth: float, sgemm: float) -> None:
     fig.savefig(path, dpi=120)
 
 
-MOE_TOKENS = (1, 8, 128)
-
-
 @dataclass
 class MoeRow:
     tokens: int
@@ -572,7 +571,7 @@ def bench_moe_row(
         indices = routes[0]
         mx.eval(mx.gather_qmm(x, w_q, scales, rhs_indices=indices, mode=mode, stream=mx.cpu))
 
-    result = measure(ours, args.reps)
+    result = measure(ours, args.reps, args.min_time, MAX_REPS)
     mlx_time = (
         slow(("moe", mode, dtype_name), tokens, mlx)
         if args.mlx_budget > 0 and mode in MLX_MODES
@@ -598,7 +597,7 @@ def moe_main(args: argparse.Namespace, bandwidth: float, out) -> list[MoeRow]:
     rows = []
     for mode in args.modes:
         for dtype in args.dtypes:
-            for tokens in MOE_TOKENS:
+            for tokens in args.tokens:
                 row = bench_moe_row(tokens, mode, dtype, args, slow)
                 rows.append(row)
                 rate = row.distinct_experts * row.expert_bytes / row.ours.best
@@ -607,7 +606,7 @@ def moe_main(args: argparse.Namespace, bandwidth: float, out) -> list[MoeRow]:
                     f"{tokens:>6} {mode:>6} {dtype:>8} | {row.ours.best * 1e3:>8.3g} "
                     f"{row.ours.median / row.ours.best:>6.2f} {rate / 1e9:>6.1f} "
                     f"{rate / bandwidth:>6.0%} | {row.mlx.ms() if row.mlx else '-':>16} "
-                    f"{f'{speedup:.2g}' if speedup else '-':>6}",
+                    f"{ratio_text(speedup) if speedup else '-':>6}",
                     file=out,
                     flush=True,
                 )
@@ -731,15 +730,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m mlx_fpqmm.bench",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,  # gpu_defaults reads which options the command line names
     )
 
     def ints(text: str) -> list[int]:
-        return [int(v) for v in text.split(",")]
+        """Positive integers, each once, in the order given."""
+        values = [int(v) for v in text.split(",")]
+        if any(v < 1 for v in values):
+            raise argparse.ArgumentTypeError(f"{text}: positive integers expected")
+        return list(dict.fromkeys(values))
 
     def shapes(text: str) -> list[tuple[int, int]]:
         found = [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
-        if any(len(shape) != 2 for shape in found):
-            raise ValueError(text)
+        if any(len(shape) != 2 or min(shape) < 1 for shape in found):
+            raise argparse.ArgumentTypeError(f"{text}: N x K of positive integers expected")
         return found  # type: ignore[return-value]
 
     parser.add_argument("--rows", type=ints, default=list(ROWS), help="values of M")
@@ -786,7 +790,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, default=4, help="--moe: experts per token")
     parser.add_argument(
         "--moe-shape",
-        type=lambda t: tuple(int(v) for v in t.split("x")),
+        type=lambda text: shapes(text)[0],
         default=(2880, 2880),
         help="--moe: N x K of each expert",
     )
@@ -834,6 +838,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--device gpu needs MLX's CUDA build and an NVIDIA GPU")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib (pip install 'mlx-fpqmm[bench]')")
+    if args.plot and (args.moe or args.tails or args.device == "gpu"):
+        parser.error("--plot draws the CPU rows' table, not --moe, --tails or --device gpu")
+    if args.reps < 1 or args.experts < 1 or not 1 <= args.top_k <= args.experts:
+        parser.error("--reps and --experts: at least 1; --top-k: from 1 to --experts")
+    # Every K must be whole groups of every mode asked for.
+    group = max(FORMATS[mode]["default_group_size"] for mode in args.modes)
+    ks = [K for _, K in args.shapes] + args.tail_ks + [args.moe_shape[1]]
+    if any(K % group for K in ks):
+        parser.error(f"K of --shapes, --tail-ks and --moe-shape: multiples of {group} "
+                     f"(the group size of {', '.join(args.modes)})")  # fmt: skip
+    if args.json not in (None, "-") and not Path(args.json).resolve().parent.is_dir():
+        parser.error(f"--json {args.json}: no such directory")
     return args
 
 

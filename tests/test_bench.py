@@ -186,8 +186,20 @@ def test_float_scale_modes_and_moe_json(tmp_path, capsys):
     assert by_mode["mxfp4"]["mlx_qmm"] is not None and by_mode["fp8"]["mlx_qmm"] is None
     moe = tmp_path / "moe.json"
     bench.main([*TINY, "--moe", "--moe-shape", "64x128", "--experts", "4", "--top-k", "2",
-                "--modes", "mxfp4", "--dtypes", "float32", "--json", str(moe)])  # fmt: skip
-    assert {row["tokens"] for row in json.loads(moe.read_text())["moe"]} == set(bench.MOE_TOKENS)
+                "--modes", "mxfp4", "--dtypes", "float32", "--tokens", "1,3", "--json",
+                str(moe)])  # fmt: skip
+    assert [row["tokens"] for row in json.loads(moe.read_text())["moe"]] == [1, 3]
+    for bad in (
+        ["--rows", "0"],
+        ["--shapes", "64x100"],
+        ["--top-k", "40"],
+        ["--moe-shape", "64"],
+        ["--json", str(tmp_path / "missing" / "x.json")],
+        ["--moe", "--plot", "x.png"],
+    ):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+    assert bench.parse_args(["--rows", "1,1,8"]).rows == [1, 8]
     with pytest.raises(SystemExit):
         bench.parse_args(["--modes", "int4"])
     assert "int4: not one of" in capsys.readouterr().err

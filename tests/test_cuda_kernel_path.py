@@ -142,6 +142,19 @@ def test_batched_weights_count_rows_per_matrix():
     assert path((2, 50, K), w_batch=(2,))["path"] == "dequantize_matmul"
 
 
+def test_kernel_argument_overrides_the_environment(monkeypatch):
+    """kernel= is the request; MLX_FPQMM_KERNEL (here a Metal name) is not read then."""
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", "mma")
+    assert path((4096, K), kernel="simple")["path"] == "simple"
+    with pytest.raises(ValueError, match="MLX_FPQMM_KERNEL='mma'"):
+        path((4096, K))
+
+
+def test_vector_x_gives_a_vector_row():
+    assert path((K,))["output_shape"] == (N,)
+    assert path((3, K))["output_shape"] == (3, N)
+
+
 def test_requests_force_the_path():
     assert path((4096, K), kernel="simple")["path"] == "simple"
     assert path((1, K), kernel="dequantize")["path"] == "dequantize_matmul"

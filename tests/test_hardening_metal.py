@@ -35,7 +35,9 @@ def test_kernel_path_rejects_unknown_devices_and_versions():
 
     w, scales = mlx_fpqmm.quantize(mx.zeros((16, 64)), mode="mxfp4")
     x = mx.zeros((2, 64))
-    with pytest.raises(ValueError, match="device='nonsense' is not an Apple GPU architecture"):
+    with pytest.raises(
+        ValueError, match="device='nonsense' is not a GPU name; expected 'cuda', a compute cap"
+    ):
         mlx_fpqmm.kernel_path(x, w, scales, device="nonsense")
     with pytest.raises(ValueError, match="macOS version 'abc'"):
         mlx_fpqmm.kernel_path(x, w, scales, device="applegpu_g16s", macos="abc")

@@ -41,15 +41,17 @@ GpuDevice device_description(
     if (device.generation() == 0) {
       throw std::invalid_argument(
           "device='" + *architecture +
-          "' is not an Apple GPU architecture name; expected "
-          "'applegpu_g<generation><size class>', e.g. 'applegpu_g16s'.");
+          "' is not a GPU name; expected 'cuda', a compute capability "
+          "such as 'sm_90', or an Apple GPU architecture "
+          "'applegpu_g<generation><size class>' such as 'applegpu_g16s'.");
     }
   } else if (mx::gpu::is_available()) {
     device.architecture =
         std::get<std::string>(mx::gpu::device_info().at("architecture"));
   } else {
     throw std::invalid_argument(
-        "No Metal GPU here: pass device=, e.g. device='applegpu_g16s'.");
+        "No GPU here (neither Metal nor CUDA): pass device=, e.g. "
+        "device='sm_90' or device='applegpu_g16s'.");
   }
   auto running = running_macos_version();
   auto version = macos ? parse_os_version(*macos)
@@ -295,16 +297,14 @@ nb::dict cuda_plan_dict(
     const std::optional<cuda::GatherRows>& gather_without_lhs,
     const cuda::CudaDevice& device,
     const std::optional<std::string>& kernel) {
-  auto request = cuda::kernel_request_from_env();
-  if (kernel) {
-    auto named = cuda::kernel_request_from_name(*kernel);
-    if (!named) {
-      throw std::invalid_argument(
-          "kernel='" + *kernel + "' is not one of " + cuda::request_names() +
-          ".");
-    }
-    request = *named;
+  auto named = kernel ? cuda::kernel_request_from_name(*kernel) : std::nullopt;
+  if (kernel && !named) {
+    throw std::invalid_argument(
+        "kernel='" + *kernel + "' is not one of " + cuda::request_names() +
+        ".");
   }
+  // MLX_FPQMM_KERNEL only where kernel= is not given (it is not read then).
+  auto request = named ? *named : cuda::kernel_request_from_env();
   nb::dict result;
   result["backend"] = "cuda";
   result["device"] =
@@ -463,8 +463,9 @@ nb::dict plan_call(
         with_operands);
   }
   nb::dict result;
+  // A named CUDA device anywhere; the running one off macOS.
   std::optional<cuda::CudaDevice> cuda_device;
-  if (running_macos_version().first == 0) {
+  if (device || running_macos_version().first == 0) {
     cuda_device = cuda_device_named(device);
   }
   if (cuda_device) {
@@ -481,8 +482,13 @@ nb::dict plan_call(
   } else {
     result = metal_plan_dict(problem, device, macos, kernel, nax_kernels_built);
   }
+  // The op's shape: a 1-D x gives a 1-D row of y.
+  auto shape = node.shape();
+  if (x.ndim() == 1) {
+    shape.erase(shape.end() - 2);
+  }
   nb::list output_shape;
-  for (int size : node.shape()) {
+  for (int size : shape) {
     output_shape.append(size);
   }
   result["output_shape"] = nb::tuple(output_shape);
