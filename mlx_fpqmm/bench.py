@@ -454,7 +454,7 @@ def targets(rows: list[Row], bandwidth: float, sgemm: float) -> list[str]:
             else:
                 continue
             lines.append(
-                f"M={r.M} {r.mode} {r.N}x{r.K} {r.dtype}: {d['sgemm_fraction']:.0%} of the "
+                f"M={r.M} {r.mode} {r.N}x{r.K} {r.dtype}: {d['sgemm_fraction']:.1%} of the "
                 f"NumPy sgemm rate (target {goal}) {'met' if ok else 'MISSED'}"
             )
     for dtype, goal in (("bfloat16", 100), ("float32", 20)):
@@ -466,7 +466,7 @@ def targets(rows: list[Row], bandwidth: float, sgemm: float) -> list[str]:
         if speedups:
             ok = min(speedups) >= goal
             lines.append(
-                f"{dtype}: at least {min(speedups):.0f}x mx.quantized_matmul in every row "
+                f"{dtype}: at least {min(speedups):.1f}x mx.quantized_matmul in every row "
                 f"(target {goal}x) {'met' if ok else 'MISSED'}"
             )
     # Issue #13's targets, each as the worst row measured.
@@ -477,7 +477,7 @@ def targets(rows: list[Row], bandwidth: float, sgemm: float) -> list[str]:
         if found:
             value, r = found
             lines.append(
-                f"M=1 {dtype}: at least {value:.0%} of read bandwidth in every row "
+                f"M=1 {dtype}: at least {value:.1%} of read bandwidth in every row "
                 f"(worst {where(r)}; target {goal:.0%}) {'met' if value >= goal else 'MISSED'}"
             )
         found = worst(same, lambda r: r.derived.get("time_vs_m1") if r.M == 8 else None, True)
@@ -492,7 +492,7 @@ def targets(rows: list[Row], bandwidth: float, sgemm: float) -> list[str]:
         if found:
             value, r = found
             lines.append(
-                f"M=1 {dtype}: at least {value:.0f}x mx.quantized_matmul (worst {where(r)}; "
+                f"M=1 {dtype}: at least {value:.1f}x mx.quantized_matmul (worst {where(r)}; "
                 f"target {goal}x) {'met' if value >= goal else 'MISSED'}"
             )
     return lines
@@ -711,7 +711,7 @@ def tails_main(
             slowest = max(group, key=lambda r: r.derived["vs_best_k"])
             excess = slowest.derived["vs_best_k"] - 1
             lines.append(
-                f"tails {mode} {dtype}: every K within {excess:.0%} of the best K per "
+                f"tails {mode} {dtype}: every K within {excess:.1%} of the best K per "
                 f"weight byte (worst K={slowest.K}; target 10%) "
                 f"{'met' if excess <= 0.10 else 'MISSED'}"
             )

@@ -77,16 +77,17 @@ def test_targets_name_the_worst_row_and_the_verdict():
     ]
     lines = bench.targets(rows, bandwidth=1e10, sgemm=1e11)
     expected = [
-        "M=1 bfloat16: at least 91% of read bandwidth in every row (worst mxfp4 "
+        "M=1 bfloat16: at least 91.0% of read bandwidth in every row (worst mxfp4 "
         "4096x4096; target 90%) met",
         "M=8 bfloat16: at most 2.50x the M=1 time in every product (worst mxfp4 "
         "4096x4096; target 2.6x) met",
-        "M=1 bfloat16: at least 120x mx.quantized_matmul (worst mxfp4 4096x4096; target 100x) met",
-        "M=1 float32: at least 84% of read bandwidth in every row (worst mxfp4 "
+        "M=1 bfloat16: at least 120.0x mx.quantized_matmul (worst mxfp4 4096x4096; "
+        "target 100x) met",
+        "M=1 float32: at least 84.0% of read bandwidth in every row (worst mxfp4 "
         "4096x4096; target 85%) MISSED",
         "M=8 float32: at most 2.70x the M=1 time in every product (worst mxfp4 "
         "4096x4096; target 2.6x) MISSED",
-        "M=1 float32: at least 25x mx.quantized_matmul (worst mxfp4 4096x4096; target 20x) met",
+        "M=1 float32: at least 25.0x mx.quantized_matmul (worst mxfp4 4096x4096; target 20x) met",
     ]
     assert [line for line in lines if line.startswith("M=")] == expected
 
