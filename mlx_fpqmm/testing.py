@@ -266,8 +266,6 @@ def run_metal(
     y = y.reshape(output_shape)
     if x.dtype == mx.bfloat16:
         y = np.array(mx.array(y).view(mx.bfloat16).astype(mx.float32))
-    if x.ndim == 1:
-        y = y.squeeze(-2)
     return MetalRun(y, plan, counters)
 
 
