@@ -33,32 +33,6 @@ void wait_for_calls_in_flight() {
   }
 }
 
-// C = A op(B) + beta C, row-major, in plain loops.
-void sgemm_loops(
-    bool b_transposed,
-    int64_t M,
-    int64_t N,
-    int64_t K,
-    const float* A,
-    int64_t lda,
-    const float* B,
-    int64_t ldb,
-    float beta,
-    float* C,
-    int64_t ldc) {
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t n = 0; n < N; ++n) {
-      float sum = 0.0f;
-      for (int64_t k = 0; k < K; ++k) {
-        sum +=
-            A[m * lda + k] * (b_transposed ? B[n * ldb + k] : B[k * ldb + n]);
-      }
-      float& c = C[m * ldc + n];
-      c = beta == 0.0f ? sum : sum + beta * c;
-    }
-  }
-}
-
 }  // namespace
 #endif
 
@@ -94,7 +68,16 @@ void sgemm(
   ++calls_in_flight;
   if (exiting) {
     --calls_in_flight;
-    sgemm_loops(b_transposed, M, N, K, A, lda, B, ldb, beta, C, ldc);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        float sum = 0.0f;
+        for (int64_t k = 0; k < K; ++k) {
+          sum +=
+              A[m * lda + k] * (b_transposed ? B[n * ldb + k] : B[k * ldb + n]);
+        }
+        C[m * ldc + n] = beta == 0.0f ? sum : sum + beta * C[m * ldc + n];
+      }
+    }
     return;
   }
   MLX_FPQMM_SGEMM(
