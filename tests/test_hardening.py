@@ -160,37 +160,6 @@ print("exiting")
         )
 
 
-@pytest.mark.slow
-def test_exit_while_daemon_threads_run_float32_gemms():
-    """The interpreter exits while daemon threads' streams run float32 products on the
-    sgemm path: OpenBLAS's library destructor ran under them (a segfault in 5 of 12
-    runs); exit waits for the calls in flight, and later calls skip OpenBLAS."""
-    code = """
-import threading, time
-import mlx.core as mx, mlx_fpqmm
-w_q, s = mx.quantize(mx.random.normal((2048, 2048)) / 45, mode="mxfp4")
-x = mx.random.normal((512, 2048))
-mx.eval(w_q, s, x)
-
-def work():
-    stream, y = mx.new_stream(mx.cpu), x
-    for _ in range(400):  # one evaluation that lasts past the exit
-        y = mlx_fpqmm.fp4_qmm(y, w_q, s, mode="mxfp4", stream=stream)
-    mx.eval(y)
-
-for _ in range(3):
-    threading.Thread(target=work, daemon=True).start()
-time.sleep(0.3)
-print("exiting")
-"""
-    for _ in range(10):
-        result = run_child(code, timeout=120)
-        assert result.returncode == 0 and result.stdout.split() == ["exiting"], (
-            result.returncode,
-            result.stderr[-3000:],
-        )
-
-
 FAIL_THREAD_SHIM = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
