@@ -30,6 +30,15 @@ std::optional<mx::array> dequantized_product(
     return std::nullopt;
   }
   if (!builds_dequantize(stream, [&](cuda::KernelRequest request) {
+        // Neither the problem nor the device in the decode range (a decoding
+        // model calls this for every product): the plan's M, as
+        // describe_problem counts it.
+        const int64_t rows =
+            folds_rows(inputs) ? x.size() / x.shape(-1) : x.shape(-2);
+        if (request != cuda::KernelRequest::dequantize &&
+            rows <= cuda::kSimpleRows) {
+          return false;
+        }
         // The problem as the primitive's plan would see it: a batched
         // product takes neither wgmma nor tiled's row range.
         FpQuantizedMatmul product(stream, mode, group_size, transpose);
@@ -40,12 +49,6 @@ std::optional<mx::array> dequantized_product(
             group_size,
             transpose,
             false);
-        // The device only past the decode range (a decoding model calls
-        // this for every product).
-        if (request != cuda::KernelRequest::dequantize &&
-            problem.M <= cuda::kSimpleRows) {
-          return false;
-        }
         const auto device = cuda::running_device();
         return device &&
                cuda::dequantize_then_matmul(problem, *device, request);
