@@ -152,6 +152,8 @@ def test_bad_arguments():
         mlx_fpqmm.kernel_path(*problem(1), device="applegpu_g16s", kernel="gemv")
     with pytest.raises(ValueError, match="macOS version"):
         mlx_fpqmm.kernel_path(*problem(1), device="applegpu_g16s", macos="tahoe")
+    with pytest.raises(ValueError, match="macos='13.5' is older than MLX's oldest macOS, 14.0"):
+        mlx_fpqmm.kernel_path(*problem(1), device="applegpu_g16s", macos="13.5")
     x, w_q, scales = problem(1)
     with pytest.raises(ValueError, match="scales must have shape"):
         mlx_fpqmm.kernel_path(x, w_q, scales[:, :1], device="applegpu_g16s")

@@ -31,6 +31,8 @@ namespace mlx_fpqmm::metal {
 namespace {
 
 constexpr std::string_view kNewestMacos = "26.2";
+// MLX's Metal wheels need macOS 14.
+constexpr int kOldestMacos = 14;
 
 GpuDevice device_description(
     const std::optional<std::string>& architecture,
@@ -58,6 +60,11 @@ GpuDevice device_description(
                  : running.first > 0
                      ? running
                      : parse_os_version(std::string(kNewestMacos));
+  if (macos && version.first < kOldestMacos) {
+    throw std::invalid_argument(
+        "macos='" + *macos + "' is older than MLX's oldest macOS, " +
+        std::to_string(kOldestMacos) + ".0.");
+  }
   device.macos_major = version.first;
   device.macos_minor = version.second;
   return device;
@@ -582,7 +589,7 @@ void register_metal_bindings(nb::module_& m) {
               architecture name such as ``"applegpu_g16s"`` (generation 16,
               size class ``s``). Default: this machine's GPU.
             macos (str, optional): Metal only: the macOS version such as
-              ``"26.2"``. Default: this machine's, or the newest known
+              ``"26.2"`` (14.0 or newer, as MLX needs). Default: this machine's, or the newest known
               elsewhere. Off macOS the device is hypothetical, with the NAX
               metallib installed; on a Mac, NAX needs this build to have
               installed it.
