@@ -725,6 +725,17 @@ def tails_main(
     return rows, lines
 
 
+# The options that only one device's benchmark reads.
+CPU_OPTIONS = ("--mlx-budget", "--vs-ggml", "--min-time", "--tails", "--tail-n", "--tail-ks",
+               "--idle", "--cycle-bytes", "--plot")  # fmt: skip
+GPU_OPTIONS = ("--graph-bytes", "--graph-products", "--no-mlx", "--no-dense")
+
+
+def named_options(argv: list[str]) -> set[str]:
+    """The options a command line names (abbreviations are off)."""
+    return {a.split("=")[0] for a in argv if a.startswith("--")}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m mlx_fpqmm.bench",
@@ -840,6 +851,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--plot needs matplotlib (pip install 'mlx-fpqmm[bench]')")
     if args.plot and (args.moe or args.tails or args.device == "gpu"):
         parser.error("--plot draws the CPU rows' table, not --moe, --tails or --device gpu")
+    given = named_options(sys.argv[1:] if argv is None else argv)
+    other_device = {"cpu": GPU_OPTIONS, "gpu": CPU_OPTIONS}[args.device]
+    if given & set(other_device):
+        parser.error(f"{', '.join(sorted(given & set(other_device)))}: not an option of "
+                     f"--device {args.device}")  # fmt: skip
     if args.reps < 1 or args.experts < 1 or not 1 <= args.top_k <= args.experts:
         parser.error("--reps and --experts: at least 1; --top-k: from 1 to --experts")
     # Every K must be whole groups of every mode asked for.
@@ -883,7 +899,7 @@ def ggml_setup(args: argparse.Namespace, out) -> dict[tuple, GgmlTimes] | None:
 
 def gpu_defaults(args: argparse.Namespace, argv: list[str]) -> None:
     """The GPU benchmark's defaults where the command line sets none."""
-    given = {a.split("=")[0] for a in argv if a.startswith("--")}
+    given = named_options(argv)
     for option, value in (
         ("--rows", list(_bench_gpu.ROWS)),
         ("--modes", list(_bench_gpu.MODES)),

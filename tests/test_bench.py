@@ -163,14 +163,17 @@ def test_gpu_bench_times_every_column_over_graphs_of_the_same_size(monkeypatch):
         return _bench_gpu.Timing(1e-6, 1e-6)
 
     monkeypatch.setattr(_bench_gpu, "time_graph", record)
-    args = bench.parse_args(["--graph-bytes", "20000", "--graph-products", "7"])
+    # The GPU benchmark's options on this machine's CPU device (parse_args refuses them).
+    args = bench.parse_args([])
+    args.graph_bytes, args.graph_products = 20000, 7
     row = _bench_gpu.bench_row(1, 64, 128, "mxfp4", "bfloat16", args)
     assert row.mlx is not None and row.dense is not None
     # Copies: 64 x 128 mxfp4 is 4,352 bytes (5 copies), bfloat16 16,384 (2).
     assert sizes == [7, 7, 7]
     sizes.clear()
     moe = ["--moe-shape", "64x64", "--experts", "4", "--top-k", "2"]
-    args = bench.parse_args(["--graph-bytes", "1", "--graph-products", "5", *moe])
+    args = bench.parse_args(moe)
+    args.graph_bytes, args.graph_products = 1, 5
     rows = _bench_gpu.bench_moe(3, "mxfp4", "bfloat16", args)
     assert [r.layout for r in rows] == ["unsorted", "sorted"] and sizes == [5, 5, 5, 5]
     assert _bench_gpu.cycled([1, 2, 3], 2) == [1, 2, 3]
@@ -197,6 +200,7 @@ def test_float_scale_modes_and_moe_json(tmp_path, capsys):
         ["--moe-shape", "64"],
         ["--json", str(tmp_path / "missing" / "x.json")],
         ["--moe", "--plot", "x.png"],
+        ["--no-mlx"],
     ):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
@@ -204,3 +208,18 @@ def test_float_scale_modes_and_moe_json(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--modes", "int4"])
     assert "int4: not one of" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--graph-products=8", "--no-dense"])
+    assert "--graph-products, --no-dense: not an option of --device cpu" in capsys.readouterr().err
+
+
+def test_cpu_options_are_refused_on_the_gpu(monkeypatch, capsys):
+    """The GPU benchmark does not read the CPU's options: naming one is an error, not a
+    table that silently ignores it."""
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
+    assert bench.parse_args(["--device", "gpu", "--moe", "--tokens", "1,8"]).tokens == [1, 8]
+    for option in bench.CPU_OPTIONS[:-1]:
+        value = {"--vs-ggml": [], "--tails": []}.get(option, ["1"])
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--device", "gpu", option, *value])
+        assert f"{option}: not an option of --device gpu" in capsys.readouterr().err
