@@ -516,7 +516,11 @@ def plot(path: str, rows: list[Row], bandwidth: float, sgemm: float) -> None:
         ("mx.quantized_matmul", lambda r: r.mlx_qmm, "x"),
         ("MLX dequantize + matmul", lambda r: r.mlx_dequant_matmul, "+"),
     ]
-    for dtype, color in (("float32", "tab:blue"), ("bfloat16", "tab:red")):
+    for dtype, color in (
+        ("float32", "tab:blue"),
+        ("float16", "tab:green"),
+        ("bfloat16", "tab:red"),
+    ):
         for label, get, marker in series:
             points = [
                 (2 * r.M * r.N * r.K / r.weight_bytes, 2 * r.M * r.N * r.K / get(r).best / 1e9)

@@ -223,3 +223,34 @@ def test_cpu_options_are_refused_on_the_gpu(monkeypatch, capsys):
         with pytest.raises(SystemExit):
             bench.parse_args(["--device", "gpu", option, *value])
         assert f"{option}: not an option of --device gpu" in capsys.readouterr().err
+
+
+def test_plot_draws_every_dtype(monkeypatch):
+    """--plot draws a series per x dtype the rows have (float16 rows were left out)."""
+    import types
+
+    drawn = []
+    axes = types.SimpleNamespace(
+        scatter=lambda *args, label, **kwargs: drawn.append(label),
+        **{name: lambda *a, **k: None for name in
+           ("plot", "text", "set_xscale", "set_yscale", "set_xlabel", "set_ylabel",
+            "set_title", "legend", "grid")},
+    )  # fmt: skip
+    figure = types.SimpleNamespace(tight_layout=lambda: None, savefig=lambda *a, **k: None)
+    pyplot = types.ModuleType("matplotlib.pyplot")
+    pyplot.subplots = lambda **kwargs: (figure, axes)
+    matplotlib = types.ModuleType("matplotlib")
+    matplotlib.use, matplotlib.pyplot = lambda backend: None, pyplot
+    monkeypatch.setitem(sys.modules, "matplotlib", matplotlib)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
+    timing = bench.Timing(1e-3, 1e-3)
+    rows = [
+        bench.Row(1, 64, 64, "mxfp4", dtype, 2048, timing, timing, None, timing)
+        for dtype in ("float32", "float16", "bfloat16")
+    ]
+    bench.plot("unused.png", rows, 1e10, 1e11)
+    assert drawn == [
+        f"{label}, {dtype}"
+        for dtype in ("float32", "float16", "bfloat16")
+        for label in ("ours", "mx.quantized_matmul")
+    ]
