@@ -211,6 +211,34 @@ np.save(sys.argv[1], np.concatenate([np.array(y).ravel() for y in ys]))
     np.testing.assert_array_equal(results[0], results[1])
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmRSS (Linux)")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_new_streams_keep_no_product_sized_buffer(dtype):
+    """A one-thread pool runs the whole product on the stream's own thread (so does a pool
+    busy with another stream's product), and each MLX stream is a thread of its own: a
+    thread-local output buffer of M x N floats (32 MiB here) stayed behind in every new
+    stream. Three more streams may keep what glibc's arenas keep of x, not 96 MiB."""
+    script = """
+import mlx.core as mx, mlx_fpqmm, sys
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
+w, s = mlx_fpqmm.quantize(mx.random.normal((16384, 1024)), mode="mxfp4")
+x = mx.random.normal((512, 1024)).astype(getattr(mx, sys.argv[1]))
+mx.eval(w, s, x)
+seen = []
+for _ in range(4):
+    mx.eval(mlx_fpqmm.fp4_qmm(x, w, s, stream=mx.new_stream(mx.cpu)))
+    mx.clear_cache()
+    seen.append(rss())
+print(seen[-1] - seen[0])
+"""
+    env = dict(os.environ, MLX_FPQMM_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, "-c", script, dtype], check=True, env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    assert int(run.stdout) < 40 << 20
+
+
 # Non-finite scales and NaN codes. The reference dequantizes element by
 # element (code * scale), so an infinite scale gives ±inf for nonzero codes
 # and NaN for ±0 codes, and a NaN scale or code gives NaN, whatever x.

@@ -172,10 +172,16 @@ void for_output_blocks(const QmmArgs& args, int64_t grain, Body&& body) {
       body(n0, n1, static_cast<float*>(args.out) + n0, args.N);
       return;
     }
+    // A busy pool runs the whole product here, on the calling stream's
+    // thread, which keeps its thread_locals for good (a thread per MLX
+    // stream): `grain` columns at a time keep the buffer M x grain, not M x N.
     thread_local std::vector<float> buffer;
-    buffer.resize(args.M * (n1 - n0));
-    body(n0, n1, buffer.data(), n1 - n0);
-    store_rows(args, buffer.data(), n1 - n0, n0, n1 - n0);
+    for (int64_t b0 = n0; b0 < n1; b0 += grain) {
+      int64_t b1 = std::min(n1, b0 + grain);
+      buffer.resize(args.M * (b1 - b0));
+      body(b0, b1, buffer.data(), b1 - b0);
+      store_rows(args, buffer.data(), b1 - b0, b0, b1 - b0);
+    }
   });
 }
 
