@@ -924,7 +924,7 @@ def write_json(args: argparse.Namespace, document: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.device == "gpu":
-        gpu_defaults(args, argv or sys.argv[1:])
+        gpu_defaults(args, sys.argv[1:] if argv is None else argv)
         write_json(args, _bench_gpu.main(args, sys.stderr if args.json == "-" else sys.stdout))
         return
     mx.set_default_device(mx.cpu)

@@ -3,6 +3,7 @@ tiny shapes (fast)."""
 
 import json
 import sys
+import types
 from dataclasses import asdict
 
 import mlx.core as mx
@@ -11,6 +12,14 @@ import pytest
 from fpqmm_dev import ggml_glue
 
 from mlx_fpqmm import bench
+
+
+@pytest.fixture(autouse=True)
+def cpu_benchmark(monkeypatch):
+    """The CPU benchmark's tables and options, also where a GPU would make --device gpu
+    the default (the GPU tests patch it back)."""
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: False)
+
 
 TINY = ["--reps", "1", "--mlx-budget", "0", "--idle", "0.01", "--cycle-bytes", "65536"]
 TINY += ["--min-time", "0.01"]
@@ -163,7 +172,7 @@ def test_gpu_bench_times_every_column_over_graphs_of_the_same_size(monkeypatch):
         return _bench_gpu.Timing(1e-6, 1e-6)
 
     monkeypatch.setattr(_bench_gpu, "time_graph", record)
-    # The GPU benchmark's options on this machine's CPU device (parse_args refuses them).
+    # The GPU benchmark's options, set past parse_args (which refuses them on the CPU).
     args = bench.parse_args([])
     args.graph_bytes, args.graph_products = 20000, 7
     row = _bench_gpu.bench_row(1, 64, 128, "mxfp4", "bfloat16", args)
@@ -218,7 +227,7 @@ def test_cpu_options_are_refused_on_the_gpu(monkeypatch, capsys):
     table that silently ignores it."""
     monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
     assert bench.parse_args(["--device", "gpu", "--moe", "--tokens", "1,8"]).tokens == [1, 8]
-    for option in bench.CPU_OPTIONS[:-1]:
+    for option in (o for o in bench.CPU_OPTIONS if o != "--plot"):
         value = {"--vs-ggml": [], "--tails": []}.get(option, ["1"])
         with pytest.raises(SystemExit):
             bench.parse_args(["--device", "gpu", option, *value])
@@ -227,8 +236,6 @@ def test_cpu_options_are_refused_on_the_gpu(monkeypatch, capsys):
 
 def test_plot_draws_every_dtype(monkeypatch):
     """--plot draws a series per x dtype the rows have (float16 rows were left out)."""
-    import types
-
     drawn = []
     axes = types.SimpleNamespace(
         scatter=lambda *args, label, **kwargs: drawn.append(label),

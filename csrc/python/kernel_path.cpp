@@ -589,10 +589,10 @@ void register_metal_bindings(nb::module_& m) {
               architecture name such as ``"applegpu_g16s"`` (generation 16,
               size class ``s``). Default: this machine's GPU.
             macos (str, optional): Metal only: the macOS version such as
-              ``"26.2"`` (14.0 or newer, as MLX needs). Default: this machine's, or the newest known
-              elsewhere. Off macOS the device is hypothetical, with the NAX
-              metallib installed; on a Mac, NAX needs this build to have
-              installed it.
+              ``"26.2"`` (14.0 or newer, as MLX needs). Default: this
+              machine's, or the newest known elsewhere. Off macOS the device
+              is hypothetical, with the NAX metallib installed; on a Mac, NAX
+              needs this build to have installed it.
             kernel (str, optional): Metal: ``"auto"``, ``"qmv"``, ``"mma"``
               or ``"nax"``; CUDA: ``"auto"``, ``"qmv"``, ``"simple"``,
               ``"qmv_staged"``, ``"dequantize"``, ``"grouped"``, ``"tiled"``
