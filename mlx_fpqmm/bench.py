@@ -856,10 +856,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.plot and (args.moe or args.tails or args.device == "gpu"):
         parser.error("--plot draws the CPU rows' table, not --moe, --tails or --device gpu")
     given = named_options(sys.argv[1:] if argv is None else argv)
-    other_device = {"cpu": GPU_OPTIONS, "gpu": CPU_OPTIONS}[args.device]
-    if given & set(other_device):
-        parser.error(f"{', '.join(sorted(given & set(other_device)))}: not an option of "
-                     f"--device {args.device}")  # fmt: skip
+    refused = sorted(given.intersection({"cpu": GPU_OPTIONS, "gpu": CPU_OPTIONS}[args.device]))
+    if refused:
+        parser.error(f"{', '.join(refused)}: not an option of --device {args.device}")
     if args.reps < 1 or args.experts < 1 or not 1 <= args.top_k <= args.experts:
         parser.error("--reps and --experts: at least 1; --top-k: from 1 to --experts")
     # Every K must be whole groups of every mode asked for.
