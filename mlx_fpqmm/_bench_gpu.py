@@ -357,12 +357,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--device gpu: the fewest products in each timed graph",
     )
     parser.add_argument(
-        "--tokens",
-        type=lambda s: [int(v) for v in s.split(",")],
-        default=list(MOE_TOKENS),
-        help="--moe: numbers of tokens",
-    )
-    parser.add_argument(
         "--no-mlx",
         action="store_true",
         help="--device gpu: leave out MLX's kernels",

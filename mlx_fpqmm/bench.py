@@ -801,6 +801,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--moe", action="store_true", help="time the mixture-of-experts product (gather_qmm)"
     )
+    parser.add_argument(
+        "--tokens", type=ints, default=list(_bench_gpu.MOE_TOKENS), help="--moe: numbers of tokens"
+    )
     parser.add_argument("--experts", type=int, default=32, help="--moe: experts")
     parser.add_argument("--top-k", type=int, default=4, help="--moe: experts per token")
     parser.add_argument(

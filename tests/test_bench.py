@@ -204,6 +204,7 @@ def test_float_scale_modes_and_moe_json(tmp_path, capsys):
     assert [row["tokens"] for row in json.loads(moe.read_text())["moe"]] == [1, 3]
     for bad in (
         ["--rows", "0"],
+        ["--moe", "--tokens", "0"],
         ["--shapes", "64x100"],
         ["--top-k", "40"],
         ["--moe-shape", "64"],

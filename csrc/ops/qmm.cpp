@@ -31,12 +31,9 @@ std::optional<mx::array> dequantized_product(
   }
   if (!builds_dequantize(stream, [&](cuda::KernelRequest request) {
         // Neither the problem nor the device in the decode range (a decoding
-        // model calls this for every product): the plan's M, as
-        // describe_problem counts it.
-        const int64_t rows =
-            folds_rows(inputs) ? x.size() / x.shape(-1) : x.shape(-2);
+        // model calls this for every product).
         if (request != cuda::KernelRequest::dequantize &&
-            rows <= cuda::kSimpleRows) {
+            problem_rows(inputs) <= cuda::kSimpleRows) {
           return false;
         }
         // The problem as the primitive's plan would see it: a batched

@@ -24,6 +24,18 @@ std::vector<int64_t> batch_strides(
 
 }  // namespace
 
+int64_t problem_rows(const std::vector<mx::array>& inputs) {
+  const auto& x = input(inputs, Input::x);
+  if (!folds_rows(inputs)) {
+    return x.shape(-2);
+  }
+  int64_t rows = 1;
+  for (int axis = 0; axis + 1 < static_cast<int>(x.ndim()); ++axis) {
+    rows *= x.shape(axis);
+  }
+  return rows;
+}
+
 QmmProblem describe_problem(
     const std::vector<mx::array>& inputs,
     const mx::Shape& out_shape,
@@ -45,16 +57,10 @@ QmmProblem describe_problem(
     problem.scale_type = float_type(scales.dtype());
   }
   problem.has_global_scale = has_global_scale(inputs);
+  problem.M = static_cast<int>(problem_rows(inputs));
   if (folds_rows(inputs)) {
-    // The product of x's leading dimensions (K may be 0).
-    int64_t rows = 1;
-    for (int axis = 0; axis + 1 < static_cast<int>(x.ndim()); ++axis) {
-      rows *= x.shape(axis);
-    }
-    problem.M = static_cast<int>(rows);
     return problem;
   }
-  problem.M = x.shape(-2);
   problem.batch_shape.assign(out_shape.begin(), out_shape.end() - 2);
   problem.x_batch_strides =
       batch_strides(x, problem.batch_shape, strides_known);

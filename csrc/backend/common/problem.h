@@ -58,6 +58,11 @@ struct QmmProblem {
   }
 };
 
+// The plan's M of the primitive's `inputs`: every row of x where x's rows
+// fold into one matrix (folds_rows; K may be 0), else the rows of one of x's
+// matrices.
+int64_t problem_rows(const std::vector<mx::array>& inputs);
+
 // `inputs` are the primitive's (Input in primitives.h), already readable in
 // place (readable_in_place). Without `strides_known` (unevaluated arrays) the
 // batch strides are those of row-contiguous arrays.
