@@ -173,8 +173,9 @@ def test_unaligned_and_strided_x(isa):
 
 # The small-M dot path at every K tail the SIMD steps leave (the last step,
 # partial, decoded from a zero-padded copy; gpt-oss's K = 2880 among them),
-# K shorter than one step, and every M from 1 to 17: blocks of up to 8 rows of
-# x share each decoded vector of W, with blocks of every size.
+# K shorter than one step, and every M from 1 to 17 in float32 and bfloat16:
+# blocks of up to 8 rows of x share each decoded vector of W, with blocks of
+# every size, and 11 rows of W end in a block of one.
 DOT_TAIL_LENGTHS = (2816, 2848, 2880, 2944, 3008, 3072)
 
 
@@ -190,7 +191,7 @@ def test_dot_tails_and_row_counts(isa, monkeypatch, mode):
         for M in rows:
             x = mx.random.normal((M, K))
             check(x, w_q, scales, mode, True, group_size)
-        check(x.astype(mx.bfloat16), w_q, scales, mode, True, group_size)
+            check(x.astype(mx.bfloat16), w_q, scales, mode, True, group_size)
 
 
 @pytest.mark.parametrize("gemm_min_m", ["1000", "1"], ids=["fused", "sgemm"])

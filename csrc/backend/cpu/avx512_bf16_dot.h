@@ -128,6 +128,10 @@ MLX_FPQMM_FLATTEN void dot_bf16_block(
   }
 }
 
+// The narrow blocks of dot_bf16_impl: rows of W, and of x at most.
+inline constexpr int kNarrowRows = 2;
+inline constexpr int kNarrowXRows = 8;
+
 template <int kBits>
 void dot_bf16_impl(
     const QuantizedMatrix& w,
@@ -147,9 +151,9 @@ void dot_bf16_impl(
       S::lane_groups(0, w.group_size), S::lane_groups(1, w.group_size)};
   int64_t stride = w.groups() + kScalePadding;
   float* scales = scratch<float>(1, simd::kRowBlock * stride);
-  simd::for_w_rows(M, K * sizeof(bf16_bits), n0, n1, [&]<int R>(int64_t n) {
+  auto rows_of_w = [&]<int R>(int64_t n) {
     simd::decode_row_scales<Avx512Vec>(w, n, R, scales, stride);
-    simd::for_row_blocks(M, [&]<int MB>(int64_t m) {
+    auto rows_of_x = [&]<int MB>(int64_t m) {
       dot_bf16_block<kBits, R, MB>(
           w,
           n,
@@ -159,10 +163,23 @@ void dot_bf16_impl(
           lane_groups,
           out + m * ldo + n - n0,
           ldo);
-    });
+    };
+    if constexpr (R == kNarrowRows) {
+      simd::for_x_blocks<kNarrowXRows>(M, rows_of_x);
+    } else {
+      simd::for_row_blocks(M, rows_of_x);
+    }
     simd::redo_nonfinite_rows<Avx512Vec>(
         w, n, R, scales, stride, x, M, out + n - n0, ldo);
-  });
+  };
+  // Measured on Zen 4 (x of 2 to 11 rows by 14336 x 4096): 2 rows of W
+  // with up to 8 of x take 6-24% less time than 4 rows with up to 4, but
+  // for E4M3 codes at 2 to 4 rows of x (5-12% more).
+  if (M > 1 && (kBits == 4 || M > 4)) {
+    simd::for_w_rows<kNarrowRows>(M, K * sizeof(bf16_bits), n0, n1, rows_of_w);
+  } else {
+    simd::for_w_rows(M, K * sizeof(bf16_bits), n0, n1, rows_of_w);
+  }
 }
 
 void dot_bf16_entry(

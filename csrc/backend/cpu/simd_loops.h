@@ -54,19 +54,19 @@ inline void for_each_index(Fn&& f) {
 }
 
 // Calls body.template operator()<R>(n) over blocks of R rows of W in
-// [n0, n1): kRowBlock rows at a time when several x rows, or one x row
-// larger than L1 (32 KiB on current x86 and arm64 cores), are read for
-// each row of W, so that each load of x serves several rows; otherwise
-// one row at a time (measured best either way on Zen 4).
+// [n0, n1): kRows rows at a time when several x rows, or one x row larger
+// than L1 (32 KiB on current x86 and arm64 cores), are read for each row of
+// W, so that each load of x serves several rows; otherwise one row at a
+// time (measured best either way on Zen 4).
 inline constexpr int kRowBlock = 4;
-template <typename Body>
+template <int kRows = kRowBlock, typename Body>
 inline void for_w_rows(
     int64_t M, int64_t x_row_bytes, int64_t n0, int64_t n1, Body&& body) {
   constexpr int64_t kL1Bytes = 32 << 10;
   int64_t n = n0;
   if (M > 1 || x_row_bytes > kL1Bytes) {
-    for (; n + kRowBlock <= n1; n += kRowBlock) {
-      body.template operator()<kRowBlock>(n);
+    for (; n + kRows <= n1; n += kRows) {
+      body.template operator()<kRows>(n);
     }
   }
   for (; n < n1; ++n) {
