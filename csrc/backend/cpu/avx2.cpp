@@ -58,16 +58,14 @@ struct Avx2Vec {
   static I shift_right(I v, int bits) {
     return _mm256_srli_epi32(v, bits);
   }
-  // E4M3 from its bits, without a gather: the code in the top byte of each
-  // lane (lower bits ignored), shifted arithmetically so that the sign stays
-  // at bit 31 and the magnitude's 7 bits land at float bits 20..26, reads as
-  // a float 2^-120 times the value (E4M3's subnormals as float subnormals).
-  // Magnitude 0x7F (NaN) comes out as the finite ±480.
+  // E4M3 from its bits (kernels.h's e4m3_from_top): the code in the top
+  // byte of each lane, lower bits ignored; NaN comes out finite.
   static F e4m3_top(I top) {
     __m256i bits = _mm256_and_si256(
-        _mm256_srai_epi32(top, 4),
-        _mm256_set1_epi32(static_cast<int>(0x87F00000u)));
-    return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0x1p120f));
+        _mm256_srai_epi32(top, kE4M3TopShift),
+        _mm256_set1_epi32(static_cast<int>(kE4M3TopMask)));
+    return _mm256_mul_ps(
+        _mm256_castsi256_ps(bits), _mm256_set1_ps(kE4M3TopFactor));
   }
   // The low byte of each lane as E4M3, NaN included: magnitude 0x7F sets all
   // bits.

@@ -55,28 +55,34 @@ struct Avx512Vec {
   static F e2m1(I v) {
     return _mm512_permutexvar_ps(v, _mm512_loadu_ps(kE2M1Values.data()));
   }
-  // The 128 magnitudes sit in eight registers: vpermt2ps picks among 32 by
-  // the low 5 bits, bits 5 and 6 pick the quarter, bit 7 is the sign bit.
+  // E4M3 from its bits (kernels.h's e4m3_from_top): the code in the top
+  // byte of each lane, lower bits ignored; NaN comes out finite.
+  static F e4m3_top(I top) {
+    const __m512i bits = _mm512_and_si512(
+        _mm512_srai_epi32(top, kE4M3TopShift),
+        _mm512_set1_epi32(static_cast<int>(kE4M3TopMask)));
+    return _mm512_mul_ps(
+        _mm512_castsi512_ps(bits), _mm512_set1_ps(kE4M3TopFactor));
+  }
+  // The low byte of each lane as E4M3, NaN included.
   static F e4m3(I v) {
-    F quarter[4];
+    const __m512i top = _mm512_slli_epi32(v, 24);
+    const __m512i magnitude = _mm512_set1_epi32(0x7F000000);
+    const __mmask16 nan =
+        _mm512_cmpeq_epi32_mask(_mm512_and_si512(top, magnitude), magnitude);
+    return _mm512_mask_mov_ps(
+        e4m3_top(top), nan, _mm512_set1_ps(__builtin_nanf("")));
+  }
+  // A dot step of 64 E4M3 codes (16 words) as four vectors, vector i holding
+  // byte i of each word (the default order), without the NaN test: NaN codes
+  // come out finite and the kernels redo the rows that hold them
+  // (simd::has_nan_codes).
+  static void decode_e4m3_step(const uint8_t* p, F* d) {
+    const __m512i words = load_words(p);
     MLX_FPQMM_UNROLL
-    for (int q = 0; q < 4; ++q) {
-      const float* table = kE4M3Values.data() + 32 * q;
-      quarter[q] = _mm512_permutex2var_ps(
-          _mm512_loadu_ps(table), v, _mm512_loadu_ps(table + 16));
+    for (int i = 0; i < 4; ++i) {
+      d[i] = e4m3_top(_mm512_slli_epi32(words, 24 - 8 * i));
     }
-    __mmask16 bit5 = _mm512_test_epi32_mask(v, _mm512_set1_epi32(0x20));
-    __mmask16 bit6 = _mm512_test_epi32_mask(v, _mm512_set1_epi32(0x40));
-    F magnitude = _mm512_mask_blend_ps(
-        bit6,
-        _mm512_mask_blend_ps(bit5, quarter[0], quarter[1]),
-        _mm512_mask_blend_ps(bit5, quarter[2], quarter[3]));
-    // magnitude | (v << 24 & sign bit)
-    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
-        _mm512_castps_si512(magnitude),
-        _mm512_slli_epi32(v, 24),
-        _mm512_set1_epi32(static_cast<int>(0x80000000u)),
-        0xF8));
   }
   static I load_index(const int32_t* p) {
     return _mm512_loadu_si512(p);

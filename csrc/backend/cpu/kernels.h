@@ -128,6 +128,36 @@ static_assert([] {
   return true;
 }());
 
+// E4M3 from its bits by arithmetic, without a table: a code in the top byte
+// of a 32-bit lane, shifted right arithmetically by kE4M3TopShift (the sign
+// stays at bit 31, the magnitude's 7 bits land at float bits 20..26) and
+// masked with kE4M3TopMask, reads as a float kE4M3TopFactor times smaller
+// than the code's value (E4M3's subnormals as float subnormals). Magnitude
+// 0x7F, NaN, comes out as the finite +-480.
+inline constexpr int kE4M3TopShift = 4;
+inline constexpr uint32_t kE4M3TopMask = 0x87F00000u;
+inline constexpr float kE4M3TopFactor = 0x1p120f;
+
+constexpr float e4m3_from_top(uint8_t code) {
+  const int32_t top = static_cast<int32_t>(uint32_t{code} << 24);
+  return std::bit_cast<float>(
+             static_cast<uint32_t>(top >> kE4M3TopShift) & kE4M3TopMask) *
+         kE4M3TopFactor;
+}
+
+static_assert([] {
+  for (int code = 0; code < 256; ++code) {
+    const bool nan = (code & 0x7F) == 0x7F;
+    const float value = e4m3_from_top(static_cast<uint8_t>(code));
+    if (nan ? value != ((code & 0x80) ? -480.0f : 480.0f)
+            : std::bit_cast<uint32_t>(value) !=
+                  std::bit_cast<uint32_t>(kE4M3Values[code])) {
+      return false;
+    }
+  }
+  return true;
+}());
+
 // sum_k x[k] * (code_k * scale_k) over row `row` of W, element by element as
 // the reference dequantizes (scales decoded, `scales[g]` for group g).
 float dot_by_element(
