@@ -58,13 +58,34 @@ struct NeonVec {
         vaddq_u32(vmulq_n_u32(first, 0x01010101), vdupq_n_u32(0x03020100));
     return vreinterpretq_f32_u8(vqtbl4q_u8(table, vreinterpretq_u8_u32(bytes)));
   }
+  // E4M3 from its bits (kernels.h's e4m3_from_top): the code in the top
+  // byte of each lane, lower bits ignored; NaN comes out finite.
+  static F e4m3_top(I top) {
+    const uint32x4_t bits = vandq_u32(
+        vreinterpretq_u32_s32(
+            vshrq_n_s32(vreinterpretq_s32_u32(top), kE4M3TopShift)),
+        vdupq_n_u32(kE4M3TopMask));
+    return vmulq_n_f32(vreinterpretq_f32_u32(bits), kE4M3TopFactor);
+  }
+  // The low byte of each lane as E4M3, NaN included: magnitude 0x7F sets all
+  // bits.
   static F e4m3(I v) {
-    float values[4] = {
-        kE4M3Values[vgetq_lane_u32(v, 0) & 0xFF],
-        kE4M3Values[vgetq_lane_u32(v, 1) & 0xFF],
-        kE4M3Values[vgetq_lane_u32(v, 2) & 0xFF],
-        kE4M3Values[vgetq_lane_u32(v, 3) & 0xFF]};
-    return vld1q_f32(values);
+    const uint32x4_t top = vshlq_n_u32(v, 24);
+    const uint32x4_t magnitude = vdupq_n_u32(0x7F000000u);
+    const uint32x4_t nan = vceqq_u32(vandq_u32(top, magnitude), magnitude);
+    return vreinterpretq_f32_u32(
+        vorrq_u32(vreinterpretq_u32_f32(e4m3_top(top)), nan));
+  }
+  // A dot step of 16 E4M3 codes (4 words) as four vectors, vector i holding
+  // byte i of each word (the default order), without the NaN test: NaN codes
+  // come out finite and the kernels redo the rows that hold them
+  // (simd::has_nan_codes).
+  static void decode_e4m3_step(const uint8_t* p, F* d) {
+    const uint32x4_t words = load_words(p);
+    d[0] = e4m3_top(vshlq_n_u32(words, 24));
+    d[1] = e4m3_top(vshlq_n_u32(words, 16));
+    d[2] = e4m3_top(vshlq_n_u32(words, 8));
+    d[3] = e4m3_top(words);
   }
   static I load_index(const int32_t* p) {
     return vreinterpretq_u32_s32(vld1q_s32(p));
@@ -96,12 +117,9 @@ struct NeonVec {
     odd = vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(halves), 16));
   }
   static F decode_e4m3(const uint8_t* p) {
-    float values[4] = {
-        kE4M3Values[p[0]],
-        kE4M3Values[p[1]],
-        kE4M3Values[p[2]],
-        kE4M3Values[p[3]]};
-    return vld1q_f32(values);
+    uint32_t word;
+    std::memcpy(&word, p, sizeof(word));
+    return e4m3(vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8(word)))));
   }
   static void store_interleaved(float* dst, F even, F odd) {
     // A named pair: in clang's arm_neon.h vst2q_f32 is a macro, and a braced
