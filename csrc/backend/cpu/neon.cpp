@@ -79,7 +79,7 @@ struct NeonVec {
   // A dot step of 16 E4M3 codes (4 words) as four vectors, vector i holding
   // byte i of each word (the default order), without the NaN test: NaN codes
   // come out finite and the kernels redo the rows that hold them
-  // (simd::has_nan_codes).
+  // (simd::has_nan_codes). Written out: NEON's shift counts are immediates.
   static void decode_e4m3_step(const uint8_t* p, F* d) {
     const uint32x4_t words = load_words(p);
     d[0] = e4m3_top(vshlq_n_u32(words, 24));
