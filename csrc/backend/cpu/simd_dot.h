@@ -16,11 +16,20 @@ namespace {  // see simd_loops.h
 // and three rows of x and lose from four on.
 constexpr int kFusedRows = 3;
 
+// Where the rows of x outgrow L1 (32 KiB), the fused dots take K in chunks
+// whose rows of x fit in kFusedXBytes, for kChunkRows rows of W at a time
+// (measured on Zen 4: 3 rows of x at K = 4096 took 2.2x the time of 2).
+inline constexpr int64_t kL1Bytes = 32 << 10;
+inline constexpr int64_t kFusedXBytes = 24 << 10;
+inline constexpr int kChunkRows = 16;
+
 // R consecutive rows of W (codes and decoded scales, `stride` floats per
 // row) against MB rows of arranged x (`ldx` floats apart), all of K: each
 // class's products are summed in chains and scaled once per step; R rows
 // of W share each load of x (see for_w_rows), or MB rows of x each decoded
 // vector (one or the other).
+// With R == 1, columns [c0, c1) alone (c0 a multiple of kDotStep), their
+// sums added to out's where c0 > 0.
 template <class V, int kBits, int R, int MB, int kClasses>
 MLX_FPQMM_FLATTEN inline void dot_block(
     const QuantizedMatrix& w,
@@ -30,7 +39,9 @@ MLX_FPQMM_FLATTEN inline void dot_block(
     const float* xa,
     int64_t ldx,
     float* out,
-    int64_t ldo) {
+    int64_t ldo,
+    int64_t c0 = 0,
+    int64_t c1 = -1) {
   using F = typename V::F;
   static_assert(R == 1 || MB == 1);
   constexpr int P = kPerWord<kBits>;
@@ -70,7 +81,7 @@ MLX_FPQMM_FLATTEN inline void dot_block(
   };
   if constexpr (R == 1) {
     for_row_steps<V, kBits>(
-        w, row, 0, w.cols, [&](const uint8_t* codes, int64_t c) {
+        w, row, c0, c1 < 0 ? w.cols : c1, [&](const uint8_t* codes, int64_t c) {
           step(0, codes, c);
         });
   } else {
@@ -98,7 +109,7 @@ MLX_FPQMM_FLATTEN inline void dot_block(
       for (int k = 1; k < kChains; ++k) {
         total = V::add(total, acc[r][m][k]);
       }
-      out[m * ldo + r] = V::sum(total);
+      out[m * ldo + r] = (c0 > 0 ? out[m * ldo + r] : 0.0f) + V::sum(total);
     }
   }
 }

@@ -23,6 +23,8 @@
 // of formats.h; tails shorter than one vector go through code_value().
 #pragma once
 
+#include <algorithm>
+
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/simd_decode.h"
 #include "backend/cpu/simd_dequantize.h"
@@ -48,6 +50,50 @@ struct SimdKernels {
         simd::arrange<V, bits>(x + m * w.cols, w.cols, arranged + m * ldx);
       }
     });
+  }
+
+  // The fused dots of MB rows of x whose rows outgrow L1: K in chunks, for
+  // kChunkRows rows of W at a time.
+  template <int kBits, int kClasses, int MB>
+  static void dot_chunks(
+      const QuantizedMatrix& w,
+      const float* x,
+      const float* xa,
+      int64_t ldx,
+      int64_t n0,
+      int64_t n1,
+      float* out,
+      int64_t ldo) {
+    constexpr int64_t kStep = simd::kDotStep<V, kBits>;
+    const int64_t K = w.cols;
+
+    const int64_t chunk = std::max(
+        kStep,
+        simd::kFusedXBytes / (MB * int64_t(sizeof(float))) / kStep * kStep);
+    const int64_t stride = w.groups() + kScalePadding;
+    float* scales = scratch<float>(1, simd::kChunkRows * stride);
+    for (int64_t n = n0; n < n1; n += simd::kChunkRows) {
+      const int rows =
+          static_cast<int>(std::min<int64_t>(simd::kChunkRows, n1 - n));
+      simd::decode_row_scales<V>(w, n, rows, scales, stride);
+      for (int64_t c = 0; c < K; c += chunk) {
+        for (int r = 0; r < rows; ++r) {
+          simd::dot_block<V, kBits, 1, MB, kClasses>(
+              w,
+              n + r,
+              scales + r * stride,
+              stride,
+              xa,
+              ldx,
+              out + n + r - n0,
+              ldo,
+              c,
+              std::min(K, c + chunk));
+        }
+      }
+      simd::redo_nonfinite_rows<V>(
+          w, n, rows, scales, stride, x, MB, out + n - n0, ldo);
+    }
   }
 
   // The fused dots for up to kFusedRows rows of x, the panels for more.
@@ -77,11 +123,15 @@ struct SimdKernels {
         simd::for_w_rows(1, K * sizeof(float), n0, n1, [&]<int R>(int64_t n) {
           rows.template operator()<R, 1>(n);
         });
-      } else {
+      } else if (M * ldx * int64_t(sizeof(float)) <= simd::kL1Bytes) {
         simd::with_count<simd::kFusedRows>(M, [&]<int MB>() {
           for (int64_t n = n0; n < n1; ++n) {
             rows.template operator()<1, MB>(n);
           }
+        });
+      } else {
+        simd::with_count<simd::kFusedRows>(M, [&]<int MB>() {
+          dot_chunks<kBits, kClasses, MB>(w, x, xa, ldx, n0, n1, out, ldo);
         });
       }
       return;
