@@ -175,7 +175,8 @@ def test_unaligned_and_strided_x(isa):
 # partial, decoded from a zero-padded copy; gpt-oss's K = 2880 among them),
 # K shorter than one step, and every M from 1 to 17 in float32 and bfloat16:
 # blocks of up to 8 rows of x share each decoded vector of W, with blocks of
-# every size, and 11 rows of W end in a block of one.
+# every size, and 11 rows of W end in a block of one; K = 8192 takes 2 rows of
+# float32 x in chunks (3 rows from K = 2848).
 DOT_TAIL_LENGTHS = (2816, 2848, 2880, 2944, 3008, 3072)
 
 
@@ -183,7 +184,7 @@ DOT_TAIL_LENGTHS = (2816, 2848, 2880, 2944, 3008, 3072)
 def test_dot_tails_and_row_counts(isa, monkeypatch, mode):
     monkeypatch.setenv("MLX_FPQMM_CPU_GEMM_MIN_M", PATHS["fused"])
     group_size = 64 if mode == "fp4" else DEFAULT_GROUP_SIZE[mode]
-    for K in (*DOT_TAIL_LENGTHS, 32, 96, 192):
+    for K in (*DOT_TAIL_LENGTHS, 32, 96, 192, 8192):
         if K % group_size:
             continue
         w_q, scales = mlx_fpqmm.quantize(mx.random.normal((11, K)), group_size, mode=mode)

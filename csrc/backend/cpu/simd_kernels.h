@@ -66,7 +66,6 @@ struct SimdKernels {
       int64_t ldo) {
     constexpr int64_t kStep = simd::kDotStep<V, kBits>;
     const int64_t K = w.cols;
-
     const int64_t chunk = std::max(
         kStep,
         simd::kFusedXBytes / (MB * int64_t(sizeof(float))) / kStep * kStep);
