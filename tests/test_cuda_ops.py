@@ -305,12 +305,13 @@ def test_kernels_one_after_another_in_any_order():
     of its nodes and their edges) for the next product and updates its kernel
     nodes in place, so one kernel's node becomes another's, and a sequence of
     two kernels another sequence of two. Single kernels: the decode kernel
-    with bfloat16, float16 and float32 x, its wide blocks, x @ W, the staged
-    kernel, an empty K; a cluster split of K; two: wgmma's blocks of 32, 64
-    and 128 rows after their x tiles, float32 x split into bfloat16 parts
-    before the decode kernel, x copied from a transpose before it, a split of
-    K into partial sums and their sum, the pairs' grouping before the grouped
-    kernel; three: float32 x split, then a split of K and its sum."""
+    with bfloat16, float16 and float32 x, its wide blocks and its blocks of 32
+    rows of x, x @ W, the staged kernel, an empty K; a cluster split of K; two:
+    wgmma's blocks of 32, 64 and 128 rows after their x tiles, float32 x split
+    into bfloat16 parts before the decode kernel, x copied from a transpose
+    before it, a split of K into partial sums and their sum, the pairs'
+    grouping before the grouped kernel; three: float32 x split, then a split of
+    K and its sum."""
     cases = [
         ("mxfp4", mx.bfloat16, 1, 200, 1152, True),
         ("nvfp4", mx.float32, 1, 200, 1152, True),
@@ -318,6 +319,7 @@ def test_kernels_one_after_another_in_any_order():
         ("mxfp8", mx.float32, 4, 128, 512, True),
         ("mxfp4", mx.bfloat16, 1, 9000, 512, True),
         ("mxfp4", mx.bfloat16, 32, 256, 512, True),
+        ("mxfp4", mx.bfloat16, 32, 9000, 512, True),
         ("fp4", mx.float32, 1, 96, 512, True),
         ("mxfp4", mx.bfloat16, 64, 256, 512, True),
         ("mxfp4", mx.bfloat16, 3, 256, 192, False),

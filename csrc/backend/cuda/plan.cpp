@@ -319,6 +319,20 @@ int wgmma_tiles(const QmmProblem& p, const CudaDevice& device) {
                               ceil_div(p.M, fc::wgmma_x_rows(p.M));
   return half_fills(wide_blocks, 1, device) ? 2 : 1;
 }
+// Whether rows of x past the decode range that fp_qmm_wgmma would take go
+// to the simple path instead, in fp_qmv's blocks of 32 rows (one pass over
+// W): up to 32 rows of one-part x, where wgmma's blocks of 128 W rows would
+// not half fill the GPU. Measured on an H100, kernels alone, 32 rows,
+// fp_qmv / fp_qmm_wgmma (docs/cuda-log.md, "Sixth session of 2026-12-05"),
+// us: mxfp4 4096 x 4096 15.9 / 17.2, 1024 x 4096 13.8 / 15.2; mxfp8 14.2 /
+// 20.5, 13.0 / 15.6; but 14336 x 4096 (112 blocks of 128 rows) 55.3 / 28.8,
+// mxfp8 47.4 / 42.4.
+bool simple_before_wgmma(
+    const QmmProblem& p, const Format& format, const CudaDevice& device) {
+  return p.M > kDecodeRows && p.M <= fc::kSimpleXBlocks * fc::kXBlockRows &&
+         one_x_part(p) && staged_reason(p, format).empty() &&
+         !half_fills(ceil_div(p.N, fc::wgmma_rows_per_block(1)), 1, device);
+}
 // A split of K takes at least this many stages.
 constexpr int kWgmmaMinSplitStages = 8;
 // fp_wgmma_tile_x_grouped's blocks per SM (its grid loops over the tiles).
@@ -779,18 +793,24 @@ KernelPlan plan(
       [[fallthrough]];
     case KernelRequest::automatic:
     case KernelRequest::dequantize:
-    case KernelRequest::grouped:
+    case KernelRequest::grouped: {
+      const bool wgmma_rows = why_not_wgmma.empty() && p.M > kWgmmaMinRows;
+      const bool simple_first =
+          wgmma_rows && simple_before_wgmma(p, format, device);
       plan.path = decode_rows ? p.transpose ? KernelPath::qmv : KernelPath::qvm
-                  : why_not_wgmma.empty() && p.M > kWgmmaMinRows
-                      ? KernelPath::wgmma
-                  : why_not_tiled.empty() ? KernelPath::tiled
-                                          : KernelPath::simple;
+                  : wgmma_rows && !simple_first            ? KernelPath::wgmma
+                  : why_not_tiled.empty() && !simple_first ? KernelPath::tiled
+                                                           : KernelPath::simple;
       plan.note =
           decode_rows ? rows + " is in the decode range (at most " +
                             std::to_string(kDecodeRows) + ")"
           : plan.path == KernelPath::wgmma
               ? rows + " is above " + std::to_string(kWgmmaMinRows) +
                     " rows: Hopper's warpgroup MMA"
+          : simple_first
+              ? rows + " is above the decode range: the decode kernels in " +
+                    "blocks of 32 rows of x (wgmma's blocks of 128 W rows " +
+                    "would not half fill the GPU)"
           : why_not_tiled.empty()
               ? rows + " is above the decode range: block tiles of W and x " +
                     "in shared memory"
@@ -814,21 +834,31 @@ KernelPlan plan(
             "primitive was made elsewhere)";
       }
       break;
+    }
   }
 
+  const std::string staged_why =
+      request == KernelRequest::staged ? "requested" : staged_reason(p, format);
+  // The simple path's rows of one-part x in fp_qmv's blocks of 32 (simple
+  // request, float32 and float16 x of two parts in blocks of 16): one pass
+  // over W where blocks of 16 made two, measured faster at 24 and 32 rows
+  // on an H100 at every size (docs/cuda-log.md, "Sixth session of
+  // 2026-12-05": mxfp8 4096 x 4096 21.5 / 14.2 us, 14336 x 4096 72.4 / 47.4,
+  // mxfp4 57.2 / 55.3).
+  const bool simple_x_blocks = plan.path == KernelPath::simple && p.transpose &&
+                               p.M > kDecodeRows && one_x_part(p) &&
+                               staged_why.empty();
   const int x_blocks = plan.path == KernelPath::tiled ? qmm_x_blocks(p.M, false)
                        : plan.path == KernelPath::qmv && p.M <= fc::kXBlockRows
                            ? 1
-                           : fc::kMaxXBlocks;
+                       : simple_x_blocks ? fc::kSimpleXBlocks
+                                         : fc::kMaxXBlocks;
   KernelFamily family = KernelFamily::qvm;
   if (plan.path == KernelPath::wgmma) {
     family = KernelFamily::qmm_wgmma;
   } else if (plan.path == KernelPath::tiled) {
     family = KernelFamily::qmm;
   } else if (p.transpose) {
-    const std::string staged_why = request == KernelRequest::staged
-                                       ? "requested"
-                                       : staged_reason(p, format);
     family = staged_why.empty() ? KernelFamily::qmv : KernelFamily::qmv_staged;
     if (!staged_why.empty()) {
       plan.note += "; W staged in shared memory: " + staged_why;

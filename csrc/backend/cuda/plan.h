@@ -35,7 +35,8 @@ inline constexpr int kMinimumMajor = 8;
 // tiled: x @ W^T above the decode range by fp_qmm (block tiles of W and x
 // staged in shared memory), where it runs (tiled_reason);
 // simple: the decode kernels tiled over M, above the decode range where
-// fp_qmm does not run;
+// fp_qmm does not run, and on sm_90 up to 32 rows where fp_qmm_wgmma's
+// blocks would not half fill the GPU (x of one part: in blocks of 32 rows);
 // dequantize_matmul: above kTiledRows (kSimpleRows where fp_qmm does not
 // run) the op builds x @ dequantize(w) instead of the primitive: W in x's
 // type by our FpDequantize, the product by MLX's matmul (cuBLAS).
@@ -225,11 +226,12 @@ std::string request_names();  // "auto, qmv, ...", for messages
 KernelRequest kernel_request_from_env();
 
 // The main kernel and its template arguments: fp_qmv<T, bits, encoding,
-// x_blocks>, fp_qmv_wide<T, bits, encoding> (fp_qmv in wide blocks,
-// x_blocks 1), fp_qmv_staged<...>, fp_qvm<T, bits, encoding> (x_blocks 0),
-// fp_qmv_cluster<T, bits, encoding, x_blocks> (fp_qmv with K split over a
-// thread block cluster, sm_90), fp_qmv_grouped<T, bits, encoding, x_blocks>
-// (x_blocks 1 or kMaxXBlocks), fp_qmm<T, bits, encoding> and fp_qmm_grouped<T,
+// x_blocks> (x_blocks 1, kMaxXBlocks or kSimpleXBlocks), fp_qmv_wide<T,
+// bits, encoding> (fp_qmv in wide blocks, x_blocks 1), fp_qmv_staged<...>,
+// fp_qvm<T, bits, encoding> (x_blocks 0), fp_qmv_cluster<T, bits, encoding,
+// x_blocks> (fp_qmv with K split over a thread block cluster, sm_90; as
+// fp_qmv), fp_qmv_grouped<T, bits, encoding, x_blocks> (x_blocks 1 or
+// kMaxXBlocks), fp_qmm<T, bits, encoding> and fp_qmm_grouped<T,
 // bits, encoding> (x_blocks kQmmSmallXBlocks or kQmmLargeXBlocks; T bfloat16 or
 // float16), fp_qmm_wgmma<bits, encoding, w_tiles, x_rows> (w_tiles 1 or 2,
 // x_blocks x_rows / 8: wgmma_x_rows of M) and fp_qmm_wgmma_grouped<bits,

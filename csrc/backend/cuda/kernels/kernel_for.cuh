@@ -35,14 +35,21 @@ void with_encoding(ScaleEncoding encoding, F&& f) {
   }
 }
 
-// The decode kernels' x blocks: 1 or kMaxXBlocks.
-template <typename F>
+// The decode kernels' x blocks: 1 or kMaxXBlocks, and for fp_qmv and
+// fp_qmv_cluster (`simple`) kSimpleXBlocks too.
+template <bool simple = false, typename F>
 void with_qmv_x_blocks(int x_blocks, F&& f) {
   if (x_blocks == 1) {
     f(Int<1>{});
-  } else {
-    f(Int<kMaxXBlocks>{});
+    return;
   }
+  if constexpr (simple) {
+    if (x_blocks == kSimpleXBlocks) {
+      f(Int<kSimpleXBlocks>{});
+      return;
+    }
+  }
+  f(Int<kMaxXBlocks>{});
 }
 
 // fp_qmm's x blocks: 4 or 8 (nothing is called for others).
@@ -100,7 +107,7 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
           });
           break;
         case KernelFamily::qmv:
-          with_qmv_x_blocks(key.x_blocks, [&](auto x_blocks) {
+          with_qmv_x_blocks<true>(key.x_blocks, [&](auto x_blocks) {
             kernel = reinterpret_cast<const void*>(
                 &fp_qmv<T, bits, encoding, x_blocks>);
           });
@@ -148,7 +155,7 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
           }
           break;
         case KernelFamily::qmv_cluster:
-          with_qmv_x_blocks(key.x_blocks, [&](auto x_blocks) {
+          with_qmv_x_blocks<true>(key.x_blocks, [&](auto x_blocks) {
             kernel = reinterpret_cast<const void*>(
                 &fp_qmv_cluster<T, bits, encoding, x_blocks>);
           });

@@ -21,6 +21,9 @@ inline constexpr int kMaxBatchDims = 6;
 inline constexpr int kTileRows = 16;
 inline constexpr int kXBlockRows = 8;  // the N of one mma step
 inline constexpr int kMaxXBlocks = 2;  // rows of x per pass: 16
+// fp_qmv and fp_qmv_cluster also take 32 rows of x a pass: the simple
+// path's blocks for x of one part (plan.cpp, simple_x_blocks).
+inline constexpr int kSimpleXBlocks = 4;
 
 // qmv (x @ W^T, W (N, K) grouped along K), fed from device memory straight
 // into registers: each lane loads 16 bytes of each of its two rows of a

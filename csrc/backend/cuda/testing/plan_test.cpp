@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "backend/cuda/plan.h"
 
@@ -545,7 +546,7 @@ int main() {
       "wgmma 200 rows: " + split.main.kernel);
   // Split K in whole waves: 32 blocks of mxfp8 4096 x 4096 in 4 splits (128
   // blocks for 132 SMs), not 5 (160: a second wave of 28).
-  auto wave = auto_plan(problem(Mode::mxfp8, true, 32, 4096, 4096), h200);
+  auto wave = auto_plan(problem(Mode::mxfp8, true, 48, 4096, 4096), h200);
   check(
       wave.path == cu::KernelPath::wgmma && wave.main.grid[0] == 32 &&
           wave.split_k == 4 && wave.main.grid[1] == 4,
@@ -560,8 +561,45 @@ int main() {
           path_at(Mode::mxfp8, 16, 14336) == cu::KernelPath::qmv &&
           path_at(Mode::mxfp8, 17, 14336) == cu::KernelPath::wgmma &&
           path_at(Mode::mxfp4, 16, 4096) == cu::KernelPath::qmv &&
-          path_at(Mode::mxfp4, 17, 4096) == cu::KernelPath::wgmma,
+          path_at(Mode::mxfp4, 33, 4096) == cu::KernelPath::wgmma,
       "wgmma's first rows");
+  // Up to 32 rows, where wgmma's blocks of 128 W rows would not half fill the
+  // GPU (N below 8448 on 132 SMs), fp_qmv in blocks of 32 rows of x: one
+  // block of rows, K split in a cluster where the blocks would not half fill
+  // the GPU; float32 x (two parts) keeps blocks of 16.
+  const std::tuple<Mode, int, int, std::string> simple_first[] = {
+      {Mode::mxfp4, 17, 4096, "fpqmm_qmv_e2m1_e8m0_bfloat16_x32"},
+      {Mode::mxfp8, 32, 8320, "fpqmm_qmv_e4m3_e8m0_bfloat16_x32"},
+      {Mode::nvfp4, 32, 1024, "fpqmm_qmv_cluster_e2m1_e4m3_bfloat16_x32"}};
+  for (const auto& [mode, M, N, kernel] : simple_first) {
+    auto plan = auto_plan(problem(mode, true, M, N, 4096), h200);
+    check(
+        plan.path == cu::KernelPath::simple && plan.main.kernel == kernel &&
+            plan.main.grid[1] == plan.split_k && !plan.x_tiles &&
+            plan.note.find("blocks of 32 rows") != std::string::npos,
+        "simple before wgmma, " + std::to_string(M) + " x " +
+            std::to_string(N) + ": " + plan.main.kernel);
+  }
+  check(
+      path_at(Mode::mxfp4, 32, 8448) == cu::KernelPath::wgmma &&
+          cu::plan(
+              problem(Mode::mxfp4, true, 32, 4096, 4096),
+              h200,
+              KernelRequest::wgmma)
+                  .path == cu::KernelPath::wgmma &&
+          auto_plan(problem(Mode::mxfp4, true, 32, 4096, 4096), a100).path ==
+              cu::KernelPath::tiled,
+      "wgmma from 8448 rows of W, on request, and tiled on sm_80");
+  auto two_parts = problem(Mode::mxfp4, true, 32, 4096, 4096);
+  two_parts.x_type = FloatType::float32;
+  check(
+      auto_plan(two_parts, h200).main.kernel.ends_with("_x16") &&
+          cu::plan(
+              problem(Mode::mxfp4, true, 40, 14336, 4096),
+              a100,
+              KernelRequest::simple)
+              .main.kernel.ends_with("_x32"),
+      "blocks of 32 rows for one-part x only, on any simple path");
   auto small_grid =
       auto_plan(problem(Mode::mxfp8, true, 128, 4096, 14336), h200);
   check(
@@ -599,6 +637,8 @@ int main() {
   check(
       auto_plan(rows(cu::kWgmmaMinRows), h200).path == cu::KernelPath::qmv &&
           auto_plan(rows(cu::kWgmmaMinRows + 1), h200).path ==
+              cu::KernelPath::simple &&
+          path_at(Mode::mxfp4, cu::kWgmmaMinRows + 1, 14336) ==
               cu::KernelPath::wgmma &&
           auto_plan(rows(cu::kWgmmaMinRows + 1), a100).path ==
               cu::KernelPath::tiled,
