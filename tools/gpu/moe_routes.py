@@ -1,0 +1,121 @@
+"""Where a quantized gpt-oss model on mlx_fpqmm's layers parts from MLX's own, layer by layer.
+
+    python3 tools/gpu/moe_routes.py [--mode mxfp4] [--layers 24] [--tokens 48] [--experts 32]
+        [--vocab 201088]
+
+gpt-oss-20b's shapes with random weights (examples/decode_speed.py's model), quantized by
+``mlx.nn.quantize`` (MLX's layers) and a copy converted by ``mlx_fpqmm.convert`` (ours, the
+same arrays). One forward pass of a random prompt through MLX's model records each MoE
+block's input and routes; then each of our blocks takes MLX's input for its layer. Per layer
+it prints how many positions route to another set of experts (the router is a quantized
+linear layer too), the largest difference of the block's outputs (over the largest output),
+the same over the positions whose routes agree, and how far the input of that block in our
+own whole forward pass is from MLX's; then the final logits' greedy tokens.
+Routes that flip on a bfloat16 rounding step change a position's experts, so that its
+output differs by far more than a kernel's rounding: the per-layer rows tell such flips from
+a kernel error (which shows at positions whose routes agree). Meant for the GPU; on a CPU
+``--layers 2 --experts 8 --vocab 4096`` fits in 24 GB.
+"""
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import gpt_oss
+
+import mlx_fpqmm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from decode_speed import GPT_OSS_20B  # noqa: E402
+
+
+def random_model(layers: int, experts: int, vocab: int) -> nn.Module:
+    config = {
+        **GPT_OSS_20B,
+        "num_hidden_layers": layers,
+        "num_local_experts": experts,
+        "vocab_size": vocab,
+        "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
+    }
+    mx.random.seed(0)
+    model = gpt_oss.Model(gpt_oss.ModelArgs.from_dict(config))
+    model.set_dtype(mx.bfloat16)
+    mx.eval(model.parameters())
+    return model
+
+
+def routes(block: nn.Module, x: mx.array) -> mx.array:
+    """The block's experts for each position of ``x``, sorted (as MLPBlock picks them)."""
+    g = block.router(x)
+    _, indices = gpt_oss.mlx_topk(g, k=block.num_experts_per_tok, axis=-1)
+    return mx.sort(indices, axis=-1)
+
+
+def recorded_inputs(model: nn.Module, prompt: mx.array) -> tuple[list[mx.array], mx.array]:
+    """Each MoE block's input in one forward pass of ``prompt``, and the logits."""
+    inputs = []
+    call = gpt_oss.MLPBlock.__call__
+
+    def recording(block: nn.Module, x: mx.array) -> mx.array:
+        inputs.append(x)
+        return call(block, x)
+
+    gpt_oss.MLPBlock.__call__ = recording
+    try:
+        logits = model(prompt)
+        mx.eval(inputs, logits)
+    finally:
+        gpt_oss.MLPBlock.__call__ = call
+    return inputs, logits
+
+
+def relative(a: mx.array, b: mx.array) -> float:
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
+    return (mx.abs(a - b).max() / mx.maximum(mx.abs(a).max(), 1e-30)).item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", default="mxfp4", choices=["mxfp4", "nvfp4", "mxfp8"])
+    parser.add_argument("--layers", type=int, default=GPT_OSS_20B["num_hidden_layers"])
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--experts", type=int, default=GPT_OSS_20B["num_local_experts"])
+    parser.add_argument("--vocab", type=int, default=GPT_OSS_20B["vocab_size"])
+    args = parser.parse_args()
+    if args.layers < 2 or args.layers % 2:
+        parser.error("--layers: an even number (sliding and full attention)")
+    theirs = random_model(args.layers, args.experts, args.vocab)
+    nn.quantize(theirs, mode=args.mode)
+    mx.eval(theirs.parameters())
+    ours = copy.deepcopy(theirs)
+    print(mlx_fpqmm.convert(ours))
+    prompt = mx.random.randint(0, args.vocab, (1, args.tokens), key=mx.random.key(1))
+    inputs, reference = recorded_inputs(theirs, prompt)
+    hidden, logits = recorded_inputs(ours, prompt)
+    print(
+        f"{mx.default_device()}, mlx {mx.__version__}: gpt-oss-20b shapes, {args.layers} layers, "
+        f"{args.experts} experts, {args.mode}, {args.tokens} positions"
+    )
+    print("layer  routes that differ  block output diff  where routes agree  hidden state diff")
+    for layer, (x, x_ours) in enumerate(zip(inputs, hidden, strict=True)):
+        block, block_ours = theirs.model.layers[layer].mlp, ours.model.layers[layer].mlp
+        y, y_ours = block(x), block_ours(x)
+        agree = mx.all(routes(block, x) == routes(block_ours, x), axis=-1)
+        same = mx.expand_dims(agree, -1)
+        print(
+            f"{layer:5d}  {int((~agree).sum().item()):18d}  {relative(y, y_ours):17.2e}"
+            f"  {relative(mx.where(same, y, 0), mx.where(same, y_ours, 0)):18.2e}"
+            f"  {relative(x, x_ours):17.2e}"
+        )
+    greedy = mx.argmax(reference, axis=-1) == mx.argmax(logits, axis=-1)
+    print(
+        f"greedy tokens equal at {int(greedy.sum().item())} of {args.tokens} positions; "
+        f"logits diff {relative(reference, logits):.2e}"
+    )
+
+
+if __name__ == "__main__":
+    main()
