@@ -2,7 +2,7 @@
 weights: bfloat16, MLX's own quantized model and the same model on mlx_fpqmm's layers.
 
     python examples/decode_speed.py [--modes mxfp4,mxfp8,nvfp4] [--tokens 128] [--prefill 2048]
-        [--model llama-3-8b|gpt-oss-20b]
+        [--model llama-3-8b|gpt-oss-20b] [--runs 3]
 
 ``--modes`` may name ``fp4`` and ``fp8`` too (float scales, which MLX lacks): those
 models are quantized by ``mlx_fpqmm.nn.quantize`` and printed without an MLX row.
@@ -15,7 +15,8 @@ with ``mlx_fpqmm.convert`` (ours: the arrays are shared, nothing is requantized)
 then fused with ``mlx_fpqmm.nn.fuse_projections`` (q/k/v and gate/up as one product each).
 Each model generates greedily from the same random prompt with mlx-lm; the line
 printed per model gives decode tokens per second (the tokens after the first,
-over their time) and, for ours, how many leading tokens equal MLX's own model's.
+over their time; the median of ``--runs`` runs, and their range) and, for ours,
+how many leading tokens equal MLX's own model's.
 Random weights leave near-ties among 128K logits, so the check is on MLX's own
 sequence, one forward pass of each model: the positions where the greedy tokens
 differ and, of those, the ones MLX's logits separate by more than two bfloat16
@@ -103,6 +104,16 @@ def decode(model: nn.Module, prompt: mx.array, tokens: int) -> tuple[list[int], 
     return out, (len(out) - 1) / (time.perf_counter() - start)
 
 
+def decode_rates(
+    model: nn.Module, prompt: mx.array, tokens: int, runs: int
+) -> tuple[list[int], list[float]]:
+    """Greedy tokens (of the first run) and decode tokens per second of ``runs`` runs, after
+    a warm-up: a step is bound by the host, whose rate scatters from run to run."""
+    decode(model, prompt, 8)
+    results = [decode(model, prompt, tokens) for _ in range(runs)]
+    return results[0][0], [rate for _, rate in results]
+
+
 def prefill_rate(model: nn.Module, length: int) -> str:
     """Prompt tokens per second of one forward pass over ``length`` tokens (best of 3),
     as text for the model's line; empty without a length."""
@@ -173,10 +184,15 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(v.nbytes for _, v in nn.utils.tree_flatten(model.parameters()))
 
 
-def row(mode: str, kind: str, model: nn.Module, rate: float, prefill: int, note: str = "") -> str:
-    """A model's line: its weights, decode rate, prefill rate and step split, and a note."""
+def row(
+    mode: str, kind: str, model: nn.Module, rates: list[float], prefill: int, note: str = ""
+) -> str:
+    """A model's line: its weights, decode rate (the median of its runs, and their range),
+    prefill rate and step split, and a note."""
+    spread = f" ({min(rates):.1f}-{max(rates):.1f})" if len(rates) > 1 else ""
     return (
-        f"{mode:>8} {kind:>10} {weight_bytes(model) / 1e9:6.2f} GB {rate:8.1f} tokens/s"
+        f"{mode:>8} {kind:>10} {weight_bytes(model) / 1e9:6.2f} GB "
+        f"{statistics.median(rates):8.1f} tokens/s{spread}"
         f"{prefill_rate(model, prefill)}{step_split(model)}" + (f"  ({note})" if note else "")
     )
 
@@ -185,6 +201,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default="mxfp4,mxfp8,nvfp4")
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=3, help="decode runs a model (median)")
     parser.add_argument("--model", choices=list(MODELS), default="llama-3-8b")
     parser.add_argument("--layers", type=int, help="default: the model's")
     parser.add_argument(
@@ -210,23 +227,20 @@ def main() -> None:
         f"greedy, {args.tokens} tokens from a 16-token prompt"
     )
     model = random_model(layers, args.model)
-    decode(model, prompt, 8)  # warm-up
-    _, rate = decode(model, prompt, args.tokens)
-    print(row("bfloat16", "", model, rate, args.prefill))
+    _, rates = decode_rates(model, prompt, args.tokens, args.runs)
+    print(row("bfloat16", "", model, rates, args.prefill))
     del model
     for mode in filter(None, args.modes.split(",")):
         model = random_model(layers, args.model)
         if mode in MLX_MODES:
             nn.quantize(model, mode=mode)
             mx.eval(model.parameters())
-            decode(model, prompt, 8)
-            theirs, rate = decode(model, prompt, args.tokens)
-            print(row(mode, "MLX", model, rate, args.prefill))
+            theirs, rates = decode_rates(model, prompt, args.tokens, args.runs)
+            print(row(mode, "MLX", model, rates, args.prefill))
             sequence = [*prompt.tolist(), *theirs]
             reference, whose = logits(model, sequence), "MLX's"
             report = mlx_fpqmm.convert(model)
-            decode(model, prompt, 8)
-            ours, rate = decode(model, prompt, args.tokens)
+            ours, rates = decode_rates(model, prompt, args.tokens, args.runs)
             differ, beyond_tie = disagreements(reference, logits(model, sequence))
             prefix = next(
                 i
@@ -241,22 +255,20 @@ def main() -> None:
         else:  # float scales (fp4, fp8), which MLX does not have: ours alone
             mlx_fpqmm.nn.quantize(model, mode=mode)
             mx.eval(model.parameters())
-            decode(model, prompt, 8)
-            ours, rate = decode(model, prompt, args.tokens)
+            ours, rates = decode_rates(model, prompt, args.tokens, args.runs)
             # The fused model is checked against this one, on its own sequence.
             sequence = [*prompt.tolist(), *ours]
             reference, whose = logits(model, sequence), "the unfused model's"
             note = "quantized by mlx_fpqmm.nn.quantize; MLX has no such mode"
-        print(row(mode, "mlx_fpqmm", model, rate, args.prefill, note))
+        print(row(mode, "mlx_fpqmm", model, rates, args.prefill, note))
         fused = len(mlx_fpqmm.nn.fuse_projections(model))
-        decode(model, prompt, 8)
-        _, rate = decode(model, prompt, args.tokens)
+        _, rates = decode_rates(model, prompt, args.tokens, args.runs)
         differ, beyond_tie = disagreements(reference, logits(model, sequence))
         note = (
             f"{fused} layers in groups of one product; the greedy token differs at "
             f"{differ}/{len(sequence)} of {whose} positions, {beyond_tie} beyond a tie"
         )
-        print(row(mode, "fused", model, rate, args.prefill, note))
+        print(row(mode, "fused", model, rates, args.prefill, note))
         del model
 
 
