@@ -35,21 +35,20 @@ void with_encoding(ScaleEncoding encoding, F&& f) {
   }
 }
 
-// The decode kernels' x blocks: 1 or kMaxXBlocks, and for fp_qmv and
-// fp_qmv_cluster (`simple`) kSimpleXBlocks too.
+// The decode kernels' x blocks: 1 or kMaxXBlocks, and kSimpleXBlocks where
+// `simple` (fp_qmv and fp_qmv_cluster for x of one part; nothing is called
+// for others).
 template <bool simple = false, typename F>
 void with_qmv_x_blocks(int x_blocks, F&& f) {
   if (x_blocks == 1) {
     f(Int<1>{});
-    return;
-  }
-  if constexpr (simple) {
+  } else if (x_blocks == kMaxXBlocks) {
+    f(Int<kMaxXBlocks>{});
+  } else if constexpr (simple) {
     if (x_blocks == kSimpleXBlocks) {
       f(Int<kSimpleXBlocks>{});
-      return;
     }
   }
-  f(Int<kMaxXBlocks>{});
 }
 
 // fp_qmm's x blocks: 4 or 8 (nothing is called for others).
@@ -107,10 +106,11 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
           });
           break;
         case KernelFamily::qmv:
-          with_qmv_x_blocks<true>(key.x_blocks, [&](auto x_blocks) {
-            kernel = reinterpret_cast<const void*>(
-                &fp_qmv<T, bits, encoding, x_blocks>);
-          });
+          with_qmv_x_blocks<kOneXPart<T, bits, encoding>>(
+              key.x_blocks, [&](auto x_blocks) {
+                kernel = reinterpret_cast<const void*>(
+                    &fp_qmv<T, bits, encoding, x_blocks>);
+              });
           break;
         case KernelFamily::qmv_wide:
           kernel =
@@ -155,10 +155,11 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
           }
           break;
         case KernelFamily::qmv_cluster:
-          with_qmv_x_blocks<true>(key.x_blocks, [&](auto x_blocks) {
-            kernel = reinterpret_cast<const void*>(
-                &fp_qmv_cluster<T, bits, encoding, x_blocks>);
-          });
+          with_qmv_x_blocks<kOneXPart<T, bits, encoding>>(
+              key.x_blocks, [&](auto x_blocks) {
+                kernel = reinterpret_cast<const void*>(
+                    &fp_qmv_cluster<T, bits, encoding, x_blocks>);
+              });
           break;
       }
     }
