@@ -837,15 +837,20 @@ KernelPlan plan(
     }
   }
 
-  const std::string staged_why =
-      request == KernelRequest::staged ? "requested" : staged_reason(p, format);
+  // x @ W^T by the decode kernels: fp_qmv, or fp_qmv_staged for this reason.
+  const bool qmv_family = p.transpose && plan.path != KernelPath::wgmma &&
+                          plan.path != KernelPath::tiled;
+  const std::string staged_why = !qmv_family ? ""
+                                 : request == KernelRequest::staged
+                                     ? "requested"
+                                     : staged_reason(p, format);
   // The simple path's rows of one-part x in fp_qmv's blocks of 32 (simple
   // request, float32 and float16 x of two parts in blocks of 16): one pass
   // over W where blocks of 16 made two, measured faster at 24 and 32 rows
   // on an H100 at every size (docs/cuda-log.md, "Sixth session of
   // 2026-12-05": mxfp8 4096 x 4096 21.5 / 14.2 us, 14336 x 4096 72.4 / 47.4,
   // mxfp4 57.2 / 55.3).
-  const bool simple_x_blocks = plan.path == KernelPath::simple && p.transpose &&
+  const bool simple_x_blocks = plan.path == KernelPath::simple && qmv_family &&
                                p.M > kDecodeRows && one_x_part(p) &&
                                staged_why.empty();
   const int x_blocks = plan.path == KernelPath::tiled ? qmm_x_blocks(p.M, false)
@@ -858,7 +863,7 @@ KernelPlan plan(
     family = KernelFamily::qmm_wgmma;
   } else if (plan.path == KernelPath::tiled) {
     family = KernelFamily::qmm;
-  } else if (p.transpose) {
+  } else if (qmv_family) {
     family = staged_why.empty() ? KernelFamily::qmv : KernelFamily::qmv_staged;
     if (!staged_why.empty()) {
       plan.note += "; W staged in shared memory: " + staged_why;
