@@ -22,12 +22,17 @@ MLX_MODES = ("mxfp4", "nvfp4", "mxfp8")
 """The modes MLX (and so mlx-lm) knows; the others are mlx_fpqmm's alone."""
 
 
+_QMM_BY_MODE = {
+    mode: fp4_qmm if entry["codes"] == "e2m1" else fp8_qmm for mode, entry in FORMATS.items()
+}
+
+
 def qmm_for_mode(mode: str) -> Callable[..., mx.array]:
     """The op for ``mode``'s codes: :func:`fp4_qmm` (E2M1) or :func:`fp8_qmm` (E4M3)."""
-    fmt = FORMATS.get(mode)
-    if fmt is None:
+    op = _QMM_BY_MODE.get(mode)
+    if op is None:
         raise ValueError(f"Invalid mode '{mode}'; expected one of: {', '.join(FORMATS)}.")
-    return fp4_qmm if fmt["codes"] == "e2m1" else fp8_qmm
+    return op
 
 
 def resolve_mode(mode: str, group_size: int | None, bits: int | None) -> tuple[int, int]:

@@ -96,10 +96,12 @@ def tensor_scale(layer: nn.Module) -> mx.array | None:
 
 def matmul(layer: nn.Module, x: mx.array, transpose: bool = True) -> mx.array:
     """``x @ dequantize(layer.weight).T`` (``transpose=False``: without the ``.T``)."""
-    op = qmm_for_mode(layer.mode)
+    mode = layer.mode
+    op = qmm_for_mode(mode)
+    args = (x, layer["weight"], layer["scales"], transpose, layer.group_size, mode)
     global_scale = tensor_scale(layer)
-    extra = {} if global_scale is None else {"global_scale": global_scale}
-    return op(x, layer["weight"], layer["scales"], transpose, layer.group_size, layer.mode, **extra)
+    # fp8_qmm takes no global_scale (only nvfp4 has one).
+    return op(*args) if global_scale is None else op(*args, global_scale=global_scale)
 
 
 def wrap(cls: type[_Layer], source: nn.Module) -> _Layer:
