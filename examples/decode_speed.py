@@ -82,9 +82,11 @@ MODELS = {
 }
 
 
-def random_model(layers: int, model: str = "llama-3-8b") -> nn.Module:
+def random_model(layers: int, model: str = "llama-3-8b", **overrides) -> nn.Module:
+    """``model``'s shapes with ``layers`` layers (and ``overrides`` of its config), random
+    bfloat16 weights, the same every time."""
     _, module, config = MODELS[model]
-    config = {**config, "num_hidden_layers": layers}
+    config = {**config, **overrides, "num_hidden_layers": layers}
     if module is gpt_oss:  # sliding and full attention by turns, as gpt-oss has them
         config["layer_types"] = ["sliding_attention", "full_attention"] * (layers // 2)
     mx.random.seed(0)

@@ -3,7 +3,7 @@
     python3 tools/gpu/moe_routes.py [--mode mxfp4] [--layers 24] [--tokens 48] [--experts 32]
         [--vocab 201088]
 
-gpt-oss-20b's shapes with random weights (examples/decode_speed.py's model), quantized by
+gpt-oss-20b's shapes with random weights (examples/decode_speed.py's random_model), quantized by
 ``mlx.nn.quantize`` (MLX's layers) and a copy converted by ``mlx_fpqmm.convert`` (ours, the
 same arrays). One forward pass of a random prompt through MLX's model records each MoE
 block's input and routes; then each of our blocks takes MLX's input for its layer. Per layer
@@ -29,22 +29,7 @@ from mlx_lm.models import gpt_oss
 import mlx_fpqmm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from decode_speed import GPT_OSS_20B  # noqa: E402
-
-
-def random_model(layers: int, experts: int, vocab: int) -> nn.Module:
-    config = {
-        **GPT_OSS_20B,
-        "num_hidden_layers": layers,
-        "num_local_experts": experts,
-        "vocab_size": vocab,
-        "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
-    }
-    mx.random.seed(0)
-    model = gpt_oss.Model(gpt_oss.ModelArgs.from_dict(config))
-    model.set_dtype(mx.bfloat16)
-    mx.eval(model.parameters())
-    return model
+from decode_speed import GPT_OSS_20B, random_model  # noqa: E402
 
 
 def routes(block: nn.Module, x: mx.array) -> mx.array:
@@ -87,7 +72,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.layers < 2 or args.layers % 2:
         parser.error("--layers: an even number (sliding and full attention)")
-    theirs = random_model(args.layers, args.experts, args.vocab)
+    theirs = random_model(
+        args.layers, "gpt-oss-20b", num_local_experts=args.experts, vocab_size=args.vocab
+    )
     nn.quantize(theirs, mode=args.mode)
     mx.eval(theirs.parameters())
     ours = copy.deepcopy(theirs)
