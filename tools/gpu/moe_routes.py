@@ -10,7 +10,11 @@ block's input and routes; then each of our blocks takes MLX's input for its laye
 it prints how many positions route to another set of experts (the router is a quantized
 linear layer too), the largest difference of the block's outputs (over the largest output),
 the same over the positions whose routes agree, and how far the input of that block in our
-own whole forward pass is from MLX's; then the final logits' greedy tokens.
+own whole forward pass is from MLX's; then the final logits' greedy tokens. A control
+column runs MLX's model once more with each value of each MoE block's output moved one
+bfloat16 step (up or down at random; ours differ from MLX's by at most that, and at fewer
+values): how far MLX's own hidden states drift from such steps alone, against which ours
+are read.
 Routes that flip on a bfloat16 rounding step change a position's experts, so that its
 output differs by far more than a kernel's rounding: the per-layer rows tell such flips from
 a kernel error (which shows at positions whose routes agree). Meant for the GPU; on a CPU
@@ -39,14 +43,25 @@ def routes(block: nn.Module, x: mx.array) -> mx.array:
     return mx.sort(indices, axis=-1)
 
 
-def recorded_inputs(model: nn.Module, prompt: mx.array) -> tuple[list[mx.array], mx.array]:
-    """Each MoE block's input in one forward pass of ``prompt``, and the logits."""
+def rounding_step(y: mx.array, key: mx.array) -> mx.array:
+    """Each nonzero value of bfloat16 ``y`` one step up or down (at random) in magnitude."""
+    step = mx.where(mx.random.bernoulli(key=key, shape=y.shape), 1, -1).astype(mx.int16)
+    moved = (y.view(mx.int16) + step).view(y.dtype)
+    return mx.where(y == 0, y, moved)
+
+
+def recorded_inputs(
+    model: nn.Module, prompt: mx.array, perturbed: bool = False
+) -> tuple[list[mx.array], mx.array]:
+    """Each MoE block's input in one forward pass of ``prompt``, and the logits; each
+    block's output a rounding step off where ``perturbed``."""
     inputs = []
     call = gpt_oss.MLPBlock.__call__
 
     def recording(block: nn.Module, x: mx.array) -> mx.array:
         inputs.append(x)
-        return call(block, x)
+        y = call(block, x)
+        return rounding_step(y, mx.random.key(len(inputs))) if perturbed else y
 
     gpt_oss.MLPBlock.__call__ = recording
     try:
@@ -82,12 +97,16 @@ def main() -> None:
     prompt = mx.random.randint(0, args.vocab, (1, args.tokens), key=mx.random.key(1))
     inputs, reference = recorded_inputs(theirs, prompt)
     hidden, logits = recorded_inputs(ours, prompt)
+    control, control_logits = recorded_inputs(theirs, prompt, perturbed=True)
     print(
         f"{mx.default_device()}, mlx {mx.__version__}: gpt-oss-20b shapes, {args.layers} layers, "
         f"{args.experts} experts, {args.mode}, {args.tokens} positions"
     )
-    print("layer  routes that differ  block output diff  where routes agree  hidden state diff")
-    for layer, (x, x_ours) in enumerate(zip(inputs, hidden, strict=True)):
+    print(
+        "layer  routes that differ  block output diff  where routes agree  hidden state diff"
+        "  control"
+    )
+    for layer, (x, x_ours, x_control) in enumerate(zip(inputs, hidden, control, strict=True)):
         block, block_ours = theirs.model.layers[layer].mlp, ours.model.layers[layer].mlp
         y, y_ours = block(x), block_ours(x)
         agree = mx.all(routes(block, x) == routes(block_ours, x), axis=-1)
@@ -95,13 +114,14 @@ def main() -> None:
         print(
             f"{layer:5d}  {int((~agree).sum().item()):18d}  {relative(y, y_ours):17.2e}"
             f"  {relative(mx.where(same, y, 0), mx.where(same, y_ours, 0)):18.2e}"
-            f"  {relative(x, x_ours):17.2e}"
+            f"  {relative(x, x_ours):17.2e}  {relative(x, x_control):7.2e}"
         )
-    greedy = mx.argmax(reference, axis=-1) == mx.argmax(logits, axis=-1)
-    print(
-        f"greedy tokens equal at {int(greedy.sum().item())} of {args.tokens} positions; "
-        f"logits diff {relative(reference, logits):.2e}"
-    )
+    for name, other in (("ours", logits), ("control", control_logits)):
+        greedy = mx.argmax(reference, axis=-1) == mx.argmax(other, axis=-1)
+        print(
+            f"{name}: greedy tokens equal to MLX's at {int(greedy.sum().item())} of "
+            f"{args.tokens} positions; logits diff {relative(reference, other):.2e}"
+        )
 
 
 if __name__ == "__main__":
