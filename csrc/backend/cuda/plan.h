@@ -22,7 +22,6 @@ struct CudaDevice {
   int major = 0;  // compute capability
   int minor = 0;
   int sm_count = 0;
-  bool operator==(const CudaDevice&) const = default;
 };
 
 // "sm_90", "sm_90a", "sm_121": the capability, with the SM count of the
@@ -320,15 +319,6 @@ struct KernelPlan {
 // the kernels do not run on.
 KernelPlan plan(
     const QmmProblem& problem, const CudaDevice& device, KernelRequest request);
-// plan(), made once per problem, device and request on this thread and then
-// looked up: a decoding step multiplies the same shapes at every token, and
-// making a plan (its names and notes) costs the host more than the lookup.
-// The reference is valid until this thread's next call.
-const KernelPlan& cached_plan(
-    const QmmProblem& problem, const CudaDevice& device, KernelRequest request);
-// The plans that cached_plan keeps on a thread at most (past them it starts
-// afresh).
-inline constexpr size_t kCachedPlans = 256;
 
 // FpDequantize's launch: `rows` rows of K codes (every matrix of W) into
 // `out_type`.
