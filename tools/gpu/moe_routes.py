@@ -12,9 +12,9 @@ linear layer too), the largest difference of the block's outputs (over the large
 the same over the positions whose routes agree, and how far the input of that block in our
 own whole forward pass is from MLX's; then the final logits' greedy tokens. A control
 column runs MLX's model once more with each value of each MoE block's output moved one
-bfloat16 step (up or down at random; ours differ from MLX's by at most that, and at fewer
-values): how far MLX's own hidden states drift from such steps alone, against which ours
-are read.
+bfloat16 step (up or down at random: a perturbation of the size of our blocks' differences,
+applied everywhere): how far MLX's own hidden states drift from such steps alone, against
+which ours are read.
 Routes that flip on a bfloat16 rounding step change a position's experts, so that its
 output differs by far more than a kernel's rounding: the per-layer rows tell such flips from
 a kernel error (which shows at positions whose routes agree). Meant for the GPU; on a CPU
@@ -45,6 +45,8 @@ def routes(block: nn.Module, x: mx.array) -> mx.array:
 
 def rounding_step(y: mx.array, key: mx.array) -> mx.array:
     """Each nonzero value of bfloat16 ``y`` one step up or down (at random) in magnitude."""
+    if y.dtype != mx.bfloat16:
+        raise TypeError(f"rounding_step: y must be bfloat16, got {y.dtype}.")
     step = mx.where(mx.random.bernoulli(key=key, shape=y.shape), 1, -1).astype(mx.int16)
     moved = (y.view(mx.int16) + step).view(y.dtype)
     return mx.where(y == 0, y, moved)
