@@ -49,6 +49,8 @@ struct QmmProblem {
   // The same for the scales' data pointer.
   int scales_alignment = 16;
 
+  bool operator==(const QmmProblem&) const = default;
+
   int64_t batch_count() const {
     int64_t count = 1;
     for (int size : batch_shape) {

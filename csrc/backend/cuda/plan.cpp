@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
+#include <functional>
 #include <stdexcept>
+#include <unordered_map>
 #include <utility>
 
 #include "backend/common/kernel_request.h"
@@ -1034,6 +1036,56 @@ KernelPlan plan(
                  " bytes of shared memory (opt-in)";
   }
   return plan;
+}
+
+namespace {
+
+struct PlanKey {
+  QmmProblem problem;
+  CudaDevice device;
+  KernelRequest request;
+  bool operator==(const PlanKey&) const = default;
+};
+
+// Over the fields that tell a decoding step's products apart; equal keys
+// compare every field.
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& key) const {
+    const QmmProblem& p = key.problem;
+    size_t hash = 0;
+    for (int64_t value :
+         {int64_t(p.mode),
+          int64_t(p.x_type),
+          int64_t(p.M),
+          int64_t(p.N),
+          int64_t(p.K),
+          int64_t(p.transpose),
+          p.batch_count(),
+          int64_t(p.pointer_alignment),
+          int64_t(key.request),
+          int64_t(key.device.sm_count)}) {
+      hash = hash * 1000003u ^ std::hash<int64_t>{}(value);
+    }
+    return hash;
+  }
+};
+
+}  // namespace
+
+const KernelPlan& cached_plan(
+    const QmmProblem& problem,
+    const CudaDevice& device,
+    KernelRequest request) {
+  thread_local std::unordered_map<PlanKey, KernelPlan, PlanKeyHash> plans;
+  PlanKey key{problem, device, request};
+  if (auto it = plans.find(key); it != plans.end()) {
+    return it->second;
+  }
+  auto made = plan(problem, device, request);
+  if (plans.size() >= kCachedPlans) {
+    plans.clear();
+  }
+  return plans.emplace(std::move(key), std::move(made)).first->second;
 }
 
 DequantizePlan plan_dequantize(

@@ -22,6 +22,7 @@ struct CudaDevice {
   int major = 0;  // compute capability
   int minor = 0;
   int sm_count = 0;
+  bool operator==(const CudaDevice&) const = default;
 };
 
 // "sm_90", "sm_90a", "sm_121": the capability, with the SM count of the
@@ -319,6 +320,16 @@ struct KernelPlan {
 // the kernels do not run on.
 KernelPlan plan(
     const QmmProblem& problem, const CudaDevice& device, KernelRequest request);
+// plan(), made once per problem, device and request on this thread and then
+// looked up: a decoding step multiplies the same shapes at every token, and
+// making a plan (its names and notes) costs the host more than the lookup.
+// The reference is valid until a later call on this thread makes a plan
+// while kCachedPlans are kept (it then starts afresh).
+const KernelPlan& cached_plan(
+    const QmmProblem& problem, const CudaDevice& device, KernelRequest request);
+// The plans that cached_plan keeps on a thread at most (past them it starts
+// afresh).
+inline constexpr size_t kCachedPlans = 256;
 
 // FpDequantize's launch: `rows` rows of K codes (every matrix of W) into
 // `out_type`.

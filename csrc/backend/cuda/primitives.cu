@@ -116,17 +116,22 @@ bool recording_graphs() {
 // it would take the kernel's inputs and outputs in MLX's dependency tracking.
 void add_kernel_key(mx::cu::CommandEncoder& encoder, const void* kernel) {
   // One empty graph, never destroyed; the encoder adds a copy of it, and a
-  // graph is not safe to read from two threads at once.
+  // graph is not safe to read from two threads at once. Each kernel's key is
+  // made once (never destroyed, as the graph).
   static std::mutex mutex;
   static const cudaGraph_t empty = [] {
     cudaGraph_t graph;
     check(cudaGraphCreate(&graph, 0), "cudaGraphCreate");
     return graph;
   }();
-  const std::string key =
-      "(F" + std::to_string(reinterpret_cast<uintptr_t>(kernel)) + ")";
+  static auto* keys = new std::unordered_map<const void*, std::string>;
   std::lock_guard lock(mutex);
-  encoder.add_graph_node(empty, key, true);
+  auto [it, fresh] = keys->try_emplace(kernel);
+  if (fresh) {
+    it->second =
+        "(F" + std::to_string(reinterpret_cast<uintptr_t>(kernel)) + ")";
+  }
+  encoder.add_graph_node(empty, it->second, true);
 }
 
 // Records `launch` of `kernel`; `compiled_cluster`: the kernel's cluster
@@ -256,7 +261,7 @@ void run(
     Bind&& bind) {
   auto& encoder = mx::cu::get_command_encoder(s);
   out.set_data(cuda::device_malloc(out.nbytes(), encoder));
-  auto plan = cuda::plan(
+  const auto& plan = cuda::cached_plan(
       problem, device_of(encoder.device()), cuda::kernel_request_from_env());
   auto args = cuda::kernel_args(problem, plan);
   bind(args);

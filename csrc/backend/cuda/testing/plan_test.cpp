@@ -902,6 +902,45 @@ int main() {
   auto no_rows = auto_plan(problem(Mode::mxfp4, false, 0, 256, 64), h200);
   check(no_rows.main.grid[1] == 0, "M = 0");
 
+  // cached_plan: plan()'s plan, made once per problem, device and request.
+  const auto repeated = problem(Mode::mxfp4, true, 1, 4096, 4096);
+  const auto& cached =
+      cu::cached_plan(repeated, h200, cu::KernelRequest::automatic);
+  const auto made = auto_plan(repeated, h200);
+  check(
+      cached.main.kernel == made.main.kernel &&
+          cached.main.grid == made.main.grid && cached.note == made.note,
+      "cached plan: " + cached.main.kernel);
+  check(
+      &cu::cached_plan(repeated, h200, cu::KernelRequest::automatic) == &cached,
+      "a plan is made once");
+  check(
+      cu::cached_plan(repeated, h200, cu::KernelRequest::simple).path ==
+          cu::KernelPath::simple,
+      "the request is part of the key");
+  const auto prefill = problem(Mode::mxfp4, true, 64, 4096, 4096);
+  check(
+      cu::cached_plan(prefill, h200, cu::KernelRequest::automatic).path ==
+              cu::KernelPath::wgmma &&
+          cu::cached_plan(prefill, a100, cu::KernelRequest::automatic).path ==
+              auto_plan(prefill, a100).path &&
+          auto_plan(prefill, a100).path != cu::KernelPath::wgmma,
+      "the device is part of the key");
+  auto unaligned_prefill = prefill;
+  unaligned_prefill.pointer_alignment = 4;
+  check(
+      cu::cached_plan(unaligned_prefill, h200, cu::KernelRequest::automatic)
+                  .path == auto_plan(unaligned_prefill, h200).path &&
+          auto_plan(unaligned_prefill, h200).path != cu::KernelPath::wgmma,
+      "the alignment is part of the key");
+  for (int n = 1; n <= int(cu::kCachedPlans) + 8; ++n) {
+    const auto p = problem(Mode::mxfp4, true, 1, 16 * n, 4096);
+    if (cu::cached_plan(p, h200, cu::KernelRequest::automatic).main.grid !=
+        auto_plan(p, h200).main.grid) {
+      check(false, "cached plan of N = " + std::to_string(16 * n));
+    }
+  }
+
   std::printf("%d failures\n", failures);
   return failures ? 1 : 0;
 }
