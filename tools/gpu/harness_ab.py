@@ -84,9 +84,26 @@ def build(tree: Path) -> tuple[Path, int]:
     script = tree / "csrc" / "backend" / "cuda" / "testing" / "build.sh"
     with open(log_dir() / f"build_{tree.name}.log", "w") as log:
         done = subprocess.run(
-            ["sh", str(script), str(out), str(AB / "include")], stdout=log, stderr=log
+            ["sh", str(script), str(out), str(AB / "include")],
+            stdout=log,
+            stderr=log,
+            env=link_environment(),
         )
     return out / "harness", done.returncode
+
+
+def link_environment() -> dict[str, str]:
+    """The environment with the CUDA runtime's static libraries on the link path.
+
+    nvcc from PyPI (nvidia-cuda-nvcc) finds libcudart_static.a and libcudadevrt.a
+    only where nvidia-cuda-runtime puts them, next to its bin folder.
+    """
+    env = dict(os.environ)
+    nvcc = shutil.which(env.get("NVCC", "nvcc"))
+    lib = Path(nvcc).resolve().parents[1] / "lib" if nvcc else None
+    if lib and (lib / "libcudart_static.a").is_file():
+        env["LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib), env.get("LIBRARY_PATH")]))
+    return env
 
 
 def log_dir() -> Path:
