@@ -168,6 +168,12 @@ void plan_split_k(
                std::to_string(device.sm_count) + " SMs";
 }
 
+// The bytes of x that a block of fp_qmv_wide copies into its shared memory
+// (x_in_shared).
+int64_t qmv_wide_x_bytes(const QmmProblem& p) {
+  return std::min<int64_t>(p.M, fc::kXBlockRows) * p.K * itemsize(p.x_type);
+}
+
 // Whether fp_qmv's wide blocks (kQmvWideMinBlocks an SM) half fill the GPU,
 // where they were measured faster than the narrow ones on the H200
 // (docs/cuda-log.md: M = 1 and 8; other GPUs take the same rule unmeasured).
@@ -320,6 +326,23 @@ int wgmma_tiles(const QmmProblem& p, const CudaDevice& device) {
   const int64_t wide_blocks = ceil_div(p.N, fc::wgmma_rows_per_block(2)) *
                               ceil_div(p.M, fc::wgmma_x_rows(p.M));
   return half_fills(wide_blocks, 1, device) ? 2 : 1;
+}
+// Whether fp_qmm_wgmma's blocks take kWgmmaWideXRows rows of x (one tile of
+// W a warpgroup, each W code decoded once for 256 rows: half the decoding
+// of the blocks of 128 rows, which at 512 rows costs about as many issue
+// slots as the MMA takes cycles with E4M3 codes): past 128 rows, where
+// those blocks are at least as many as the blocks of 128 rows would be, or
+// fill the GPU.
+bool wgmma_wide_x(const QmmProblem& p, const CudaDevice& device) {
+  if (p.M <= fc::kWgmmaXRows) {
+    return false;
+  }
+  const int64_t wide = ceil_div(p.N, fc::wgmma_rows_per_block(1)) *
+                       ceil_div(p.M, fc::kWgmmaWideXRows);
+  const int64_t narrow =
+      ceil_div(p.N, fc::wgmma_rows_per_block(wgmma_tiles(p, device))) *
+      ceil_div(p.M, fc::kWgmmaXRows);
+  return wide >= std::min(narrow, resident_slots(device, 1));
 }
 // Whether rows of x past the decode range that fp_qmm_wgmma would take go
 // to the simple path instead, in fp_qmv's blocks of 32 rows (one pass over
@@ -885,11 +908,16 @@ KernelPlan plan(
       scale_encoding(p.mode, p.scale_type),
       p.x_type,
       family == KernelFamily::qmm_wgmma
-          ? fc::wgmma_x_rows(p.M) / fc::kXBlockRows
+          ? (wgmma_wide_x(p, device) ? fc::kWgmmaWideXRows
+                                     : fc::wgmma_x_rows(p.M)) /
+                fc::kXBlockRows
       : family == KernelFamily::qmm || transposed_decode ? x_blocks
                                                          : 0};
   if (family == KernelFamily::qmm_wgmma) {
-    plan.key.w_tiles = wgmma_tiles(p, device);
+    plan.key.w_tiles =
+        plan.key.x_blocks * fc::kXBlockRows == fc::kWgmmaWideXRows
+            ? 1
+            : wgmma_tiles(p, device);
   }
   plan.main.kernel = kernel_name(plan.key);
 
@@ -910,6 +938,15 @@ KernelPlan plan(
       plan.main.block = {fc::kQmvWideWarps * fc::kWarpSize, 1, 1};
       plan.main.shared_bytes =
           fc::qmv_shared_bytes(fc::kQmvWideWarps, fc::kQmvWideTiles, 1);
+      if (device.major == 9 &&
+          fc::qmv_wide_may_share_x(
+              scale_itemsize(scale_encoding(p.mode, p.scale_type)),
+              itemsize(p.x_type)) &&
+          qmv_wide_x_bytes(p) <= fc::kQmvWideMaxXBytes) {
+        plan.x_in_shared = true;
+        plan.main.shared_bytes += static_cast<int>(qmv_wide_x_bytes(p));
+        plan.note += "; x in shared memory";
+      }
       break;
     case KernelFamily::qmv_staged:
       column_blocks = ceil_div(p.N, fc::kStagedRowsPerBlock);
@@ -1142,6 +1179,7 @@ fpqmm::cuda::QmmArgs kernel_args(
   args.split_k = plan.split_k;
   args.split_k_step = plan.split_k_step;
   args.run_rows = plan.run_rows;
+  args.x_in_shared = plan.x_in_shared;
   return args;
 }
 

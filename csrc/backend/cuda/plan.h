@@ -235,7 +235,8 @@ KernelRequest kernel_request_from_env();
 // kMaxXBlocks), fp_qmm<T, bits, encoding> and fp_qmm_grouped<T,
 // bits, encoding> (x_blocks kQmmSmallXBlocks or kQmmLargeXBlocks; T bfloat16 or
 // float16), fp_qmm_wgmma<bits, encoding, w_tiles, x_rows> (w_tiles 1 or 2,
-// x_blocks x_rows / 8: wgmma_x_rows of M) and fp_qmm_wgmma_grouped<bits,
+// x_blocks x_rows / 8: wgmma_x_rows of M, or kWgmmaWideXRows with w_tiles
+// 1) and fp_qmm_wgmma_grouped<bits,
 // encoding, 2> (x_blocks kWgmmaXRows / 8; bfloat16 x) or FpDequantize's
 // fp_dequantize<T, bits, encoding> (T the output's type, x_blocks 0).
 enum class KernelFamily {
@@ -305,6 +306,9 @@ struct KernelPlan {
   std::optional<Launch> x_split;
   int64_t x_split_bytes = 0;
   int x_parts = 1;
+  // fp_qmv_wide with float scales: x copied into the block's shared memory
+  // (counted in main.shared_bytes), W held further ahead.
+  bool x_in_shared = false;
   // The batch axes the kernels walk: the problem's, with axes that are
   // contiguous in x, w and scales alike folded together.
   std::vector<int> batch_shape;

@@ -157,7 +157,8 @@ __host__ __device__ constexpr int wgmma_batch_steps(int tiles) {
 }
 
 // W rows [n0, n0 + wgmma_rows_per_block(tiles)) times x rows [m0, m0 +
-// x_rows) of M (x's tiles: those of m block x_tile, from its row x_first)
+// x_rows) of M (x's tiles: those of m block x_tile, from its row x_first,
+// and of the next m block for the wide blocks)
 // over K range [k_begin, k_end) (k_begin a multiple of the stage) of one
 // product; every thread of the block calls it. `ring` counts the stages that
 // earlier calls of the block passed through the shared-memory ring (the
@@ -198,6 +199,9 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   constexpr int stage_bytes = wgmma_stage_bytes(bits, tiles, x_rows);
   constexpr int x_bytes_max = wgmma_x_tile_bytes(bits, x_rows);
   constexpr int accumulators = x_rows / 2;
+  // wgmma's N, and the x tiles that each decoded A multiplies in turn.
+  constexpr int mma_rows = x_rows < kWgmmaXRows ? x_rows : kWgmmaXRows;
+  constexpr int x_tile_count = x_rows / mma_rows;
   constexpr int batch = wgmma_batch_steps<bits>(tiles);
   static_assert(steps / batch % 2 == 0 && ahead >= 1);
   static_assert(block_rows * 4 % kWgmmaThreads == 0);
@@ -214,8 +218,9 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   const int first_stage = k_begin / codes;
   const int stage_count = op.valid ? (k_end - k_begin + codes - 1) / codes : 0;
   const auto* w_bytes = reinterpret_cast<const uint8_t*>(op.w);
+  const int x_stage_count = wgmma_stage_count<bits>(K);
   const auto* x_tiles = static_cast<const uint8_t*>(args.x_tiles) +
-                        x_tile * wgmma_stage_count<bits>(K) * Tile::bytes +
+                        x_tile * x_stage_count * Tile::bytes +
                         wgmma_x_tile_prefix<bits>(x_first);
   const uint32_t barriers = sm90::shared_address(shared + stages * stage_bytes);
   const uint32_t x_bytes = wgmma_x_tile_prefix<bits>(M - m0, x_rows);
@@ -242,19 +247,28 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
     w_unit[c] = w_bytes + (n < N ? n * w_row_bytes + k * bits / 8 : 0);
   }
 
-  // Stage s's x tile (one bulk copy) and rows of W (a 16-byte unit each per
-  // thread and copy, rows past N and codes past k_end zero).
+  // Stage s's x tiles (a bulk copy each, the wide blocks' second one after
+  // the first in shared memory, where the MMA's rows 128 on are) and rows of
+  // W (a 16-byte unit each per thread and copy, rows past N and codes past
+  // k_end zero).
   auto issue = [&](int s) {
     const int slot = slot_of(s);
     uint8_t* at = shared + slot * stage_bytes;
     if (threadIdx.x == 0) {
       const uint32_t barrier = barriers + 8 * slot;
       sm90::barrier_expect(barrier, x_bytes);
-      sm90::bulk_copy(
-          sm90::shared_address(at),
-          x_tiles + int64_t(first_stage + s) * Tile::bytes,
-          x_bytes,
-          barrier);
+#pragma unroll
+      for (int t = 0; t < x_tile_count; ++t) {
+        const int bytes = min(int(x_bytes) - t * Tile::bytes, Tile::bytes);
+        if (bytes > 0) {
+          sm90::bulk_copy(
+              sm90::shared_address(at + t * Tile::bytes),
+              x_tiles +
+                  (t * int64_t(x_stage_count) + first_stage + s) * Tile::bytes,
+              bytes,
+              barrier);
+        }
+      }
     }
 #pragma unroll
     for (int c = 0; c < units; ++c) {
@@ -395,17 +409,26 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
       } else {
         decode(std::false_type{});
       }
-      // Step j's x: core-matrix columns 2j, 2j + 1 (256 bytes on).
+      // Step j's x: core-matrix columns 2j, 2j + 1 (256 bytes on), in x
+      // tile t (its accumulators from t * mma_rows / 2 on).
       sm90::wgmma_fence();
 #pragma unroll
       for (int jb = 0; jb < batch; ++jb) {
 #pragma unroll
         for (int i = 0; i < tiles; ++i) {
-          const int j = b * batch + jb;
-          sm90::fence_registers(acc[i]);
-          sm90::wgmma_m64nk16<x_rows>(
-              acc[i], ab[jb][i], descriptor + uint64_t(16 * j), s > 0 || j > 0);
-          sm90::fence_registers(acc[i]);
+#pragma unroll
+          for (int t = 0; t < x_tile_count; ++t) {
+            const int j = b * batch + jb;
+            auto& tile_acc = *reinterpret_cast<float(*)[mma_rows / 2]>(
+                &acc[i][t * mma_rows / 2]);
+            sm90::fence_registers(acc[i]);
+            sm90::wgmma_m64nk16<mma_rows>(
+                tile_acc,
+                ab[jb][i],
+                descriptor + uint64_t(16 * j + t * (Tile::bytes >> 4)),
+                s > 0 || j > 0);
+            sm90::fence_registers(acc[i]);
+          }
         }
       }
       sm90::wgmma_commit();

@@ -342,7 +342,9 @@ template <
     bool splits_in_cluster,
     int tiles,
     int warps,
-    typename Rows = ContiguousRows>
+    typename Rows = ContiguousRows,
+    bool x_shared = false,
+    int w_ahead = 1>
 __device__ __forceinline__ void fp_qmv_impl(
     const QmmArgs& args,
     const Operands<T, encoding>& op,
@@ -392,24 +394,36 @@ __device__ __forceinline__ void fp_qmv_impl(
     }
   }
   const auto* w_vectors = reinterpret_cast<const uint4*>(op.w);
+  // x_shared: the block's rows of x over [k_begin, k_end), copied once into
+  // shared memory after the reduction's floats (the registers that held x a
+  // pass ahead then hold W further ahead).
+  const int x_span = k_end - k_begin;
+  T* const x_copy =
+      x_shared ? reinterpret_cast<T*>(
+                     reduction + qmv_shared_bytes(warps, tiles, x_blocks) / 4)
+               : nullptr;
   // This lane's row of x in each block of 8 (rows past M read row 0, as
   // those of W).
   int64_t x_offsets[x_blocks];
 #pragma unroll
   for (int b = 0; b < x_blocks; ++b) {
     const int m = m0 + b * kXBlockRows + lane.group;
-    x_offsets[b] = m < M ? rows.x(m) * K : 0;
+    if constexpr (x_shared) {
+      x_offsets[b] = m < M ? (m - m0) * x_span - k_begin : -k_begin;
+    } else {
+      x_offsets[b] = m < M ? rows.x(m) * K : 0;
+    }
   }
 
   float sums[tiles][x_blocks][4];
   fill_sums(sums, op.valid ? 0.0f : quiet_nan());
 
-  // x's chunk of a pass, read by every block (from the caches): loaded with
-  // W's one pass ahead where the registers allow and it was measured faster
-  // (two tiles, one x block of 16-bit values, byte scales), else when the
-  // pass starts.
-  constexpr bool x_ahead =
-      tiles == 2 && x_blocks == 1 && sizeof(T) == 2 && sizeof(S) == 1;
+  // x's chunk of a pass, read by every block (from the caches, or from the
+  // block's copy: x_shared): loaded with W's one pass ahead where the
+  // registers allow and it was measured faster (two tiles, one x block of
+  // 16-bit values, byte scales), else when the pass starts.
+  constexpr bool x_ahead = !x_shared && tiles == 2 && x_blocks == 1 &&
+                           sizeof(T) == 2 && sizeof(S) == 1;
   struct XChunk {
     uint32_t words[x_blocks][x_chunk_words];
   };
@@ -417,11 +431,24 @@ __device__ __forceinline__ void fp_qmv_impl(
   auto load_x = [&](int k, bool in, XChunk& to) {
 #pragma unroll
     for (int b = 0; b < x_blocks; ++b) {
+      const T* base;
+      if constexpr (x_shared) {
+        base = x_copy;
+      } else {
+        base = op.x;
+      }
       const auto* from =
-          reinterpret_cast<const uint4*>(op.x + (in ? x_offsets[b] + k : 0));
+          reinterpret_cast<const uint4*>(base + (in ? x_offsets[b] + k : 0));
 #pragma unroll
       for (int v = 0; v < x_chunk_words / 4; ++v) {
-        const uint4 loaded = in ? __ldg(from + v) : uint4{0, 0, 0, 0};
+        uint4 loaded{0, 0, 0, 0};
+        if (in) {
+          if constexpr (x_shared) {
+            loaded = from[v];
+          } else {
+            loaded = __ldg(from + v);
+          }
+        }
         to.words[b][4 * v] = loaded.x;
         to.words[b][4 * v + 1] = loaded.y;
         to.words[b][4 * v + 2] = loaded.z;
@@ -468,11 +495,33 @@ __device__ __forceinline__ void fp_qmv_impl(
     }
   };
 
-  Pass next;
-  load(warp, next);
+  // W's passes in flight: w_ahead of them a warp.
+  Pass next[w_ahead];
+#pragma unroll
+  for (int a = 0; a < w_ahead; ++a) {
+    load(warp + a * warps, next[a]);
+  }
+  // The copy of x after W's first loads, which do not wait for it.
+  if constexpr (x_shared) {
+    const int rows_here = min(x_blocks * kXBlockRows, M - m0);
+    const int row_vectors = x_span * int(sizeof(T)) / 16;
+    for (int i = threadIdx.x; op.valid && i < rows_here * row_vectors;
+         i += blockDim.x) {
+      const int r = i / row_vectors;
+      const int v = i % row_vectors;
+      reinterpret_cast<uint4*>(x_copy + r * x_span)[v] = __ldg(
+          reinterpret_cast<const uint4*>(op.x + rows.x(m0 + r) * K + k_begin) +
+          v);
+    }
+    __syncthreads();
+  }
   for (int pass = warp; pass < passes; pass += warps) {
-    const Pass current = next;
-    load(pass + warps, next);
+    const Pass current = next[0];
+#pragma unroll
+    for (int a = 0; a + 1 < w_ahead; ++a) {
+      next[a] = next[a + 1];
+    }
+    load(pass + w_ahead * warps, next[w_ahead - 1]);
     const auto& codes = current.codes;
     XChunk x_now;
     if constexpr (x_ahead) {
@@ -525,7 +574,9 @@ template <
     int x_blocks,
     bool splits_in_cluster,
     int warps = kQmvWarps,
-    int tiles = qmv_tiles(kOneXPart<T, bits, encoding>)>
+    int tiles = qmv_tiles(kOneXPart<T, bits, encoding>),
+    bool x_shared = false,
+    int w_ahead = 1>
 __device__ __forceinline__ void fp_qmv_grid(const QmmArgs& args) {
   extern __shared__ float4 shared_floats[];
   auto* reduction = reinterpret_cast<float*>(shared_floats);
@@ -546,7 +597,10 @@ __device__ __forceinline__ void fp_qmv_grid(const QmmArgs& args) {
             x_blocks,
             splits_in_cluster,
             tiles,
-            warps>(
+            warps,
+            ContiguousRows,
+            x_shared,
+            w_ahead>(
             args, op, reduction, args.M, m0, n0, k_begin, k_end, y, partials);
       });
 }
@@ -559,10 +613,28 @@ __global__ void __launch_bounds__(
   fp_qmv_grid<T, bits, encoding, x_blocks, false>(args);
 }
 
-// fp_qmv in wide blocks (one x block), where they half fill the GPU.
+// fp_qmv in wide blocks (one x block), where they half fill the GPU; with
+// float scales x may sit in shared memory (args.x_in_shared).
 template <typename T, int bits, int encoding>
 __global__ void __launch_bounds__(kQmvWideWarps* kWarpSize, kQmvWideMinBlocks)
     fp_qmv_wide(const QmmArgs args) {
+  constexpr bool may_share_x = qmv_wide_may_share_x(
+      sizeof(typename ScaleStorage<encoding>::type), sizeof(T));
+  if constexpr (may_share_x) {
+    if (args.x_in_shared) {
+      fp_qmv_grid<
+          T,
+          bits,
+          encoding,
+          1,
+          false,
+          kQmvWideWarps,
+          kQmvWideTiles,
+          true,
+          kQmvWideSharedXAhead>(args);
+      return;
+    }
+  }
   fp_qmv_grid<T, bits, encoding, 1, false, kQmvWideWarps, kQmvWideTiles>(args);
 }
 

@@ -72,8 +72,8 @@ void with_wgmma_tiles(int tiles, F&& f) {
 }
 
 // fp_qmm_wgmma's rows of x a block (x_blocks of 8): kWgmmaFewestXRows,
-// kWgmmaFewXRows or kWgmmaXRows.
-template <typename F>
+// kWgmmaFewXRows or kWgmmaXRows, and kWgmmaWideXRows with one tile of W.
+template <int tiles, typename F>
 void with_wgmma_x_rows(int x_blocks, F&& f) {
   if (x_blocks * kXBlockRows == kWgmmaFewestXRows) {
     f(Int<kWgmmaFewestXRows>{});
@@ -81,6 +81,10 @@ void with_wgmma_x_rows(int x_blocks, F&& f) {
     f(Int<kWgmmaFewXRows>{});
   } else if (x_blocks * kXBlockRows == kWgmmaXRows) {
     f(Int<kWgmmaXRows>{});
+  } else if constexpr (tiles == 1) {
+    if (x_blocks * kXBlockRows == kWgmmaWideXRows) {
+      f(Int<kWgmmaWideXRows>{});
+    }
   }
 }
 
@@ -146,7 +150,7 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
                   &fp_qmm_wgmma_grouped<bits, encoding, 2>);
             } else {
               with_wgmma_tiles(key.w_tiles, [&](auto tiles) {
-                with_wgmma_x_rows(key.x_blocks, [&](auto x_rows) {
+                with_wgmma_x_rows<tiles>(key.x_blocks, [&](auto x_rows) {
                   kernel = reinterpret_cast<const void*>(
                       &fp_qmm_wgmma<bits, encoding, tiles, x_rows>);
                 });

@@ -83,6 +83,18 @@ inline constexpr int kQmvWideWarps = 4;
 inline constexpr int kQmvWideTiles = 2;
 inline constexpr int kQmvWideMinBlocks = 4;
 inline constexpr int kQmvWideRowsPerBlock = kTileRows * kQmvWideTiles;
+// With float scales, whose registers leave none for x a pass ahead,
+// fp_qmv_wide copies its rows of 16-bit x into shared memory where they take
+// at most kQmvWideMaxXBytes (QmmArgs::x_in_shared, the plan's choice on
+// sm_90, whose 4 blocks an SM that leaves room for) and holds W
+// kQmvWideSharedXAhead passes ahead in the registers that frees: measured
+// faster for those scales only (docs/cuda-log.md, "Eighth session of
+// 2026-12-05"). float32 x with float scales is staged, never wide.
+constexpr bool qmv_wide_may_share_x(int scale_itemsize, int x_itemsize) {
+  return scale_itemsize != 1 && x_itemsize == 2;
+}
+inline constexpr int kQmvWideMaxXBytes = 32 << 10;
+inline constexpr int kQmvWideSharedXAhead = 2;
 // fp_qmv_grouped (one run of up to 8 or 16 gathered x rows per block: one
 // or two x blocks): qmv's wide blocks, as many an SM with one x block, 2 with
 // two (which take more registers).
@@ -182,7 +194,9 @@ constexpr int qmm_shared_bytes(
 // wgmma_rows_per_block(tiles) rows of W (tiles of 64 rows a warpgroup)
 // with x_rows rows of x (wgmma's N: kWgmmaXRows, or fewer for few rows,
 // kWgmmaFewXRows or kWgmmaFewestXRows, where the MMA would otherwise
-// multiply rows that are not there). A stage is 64 bytes of each W row
+// multiply rows that are not there; or kWgmmaWideXRows, two tiles of x that
+// each decoded A multiplies in turn, so that a W code is decoded once for
+// twice the rows). A stage is 64 bytes of each W row
 // (wgmma_stage_codes), staged by cp.async, and x's values over the same codes,
 // which a first kernel (fp_wgmma_tile_x) has laid out in device memory as the
 // stage's shared-memory tile of kWgmmaXRows rows (in groups of 8 rows, so that
@@ -193,9 +207,12 @@ inline constexpr int kWgmmaThreads = kWgmmaWarpgroups * 128;
 inline constexpr int kWgmmaTileRows = 64;  // wgmma's M
 inline constexpr int kWgmmaXRows = 128;    // wgmma's N, and x's tiles
 inline constexpr int kWgmmaFewXRows = 64;
+inline constexpr int kWgmmaWideXRows = 2 * kWgmmaXRows;  // one tile of W only
 inline constexpr int kWgmmaFewestXRows = 32;
 inline constexpr int kWgmmaWRowBytes = 64;
 inline constexpr int kWgmmaSharedBudget = 200 * 1024;
+// The wide blocks' budget: three stages of E2M1 codes (72 KiB each).
+inline constexpr int kWgmmaWideSharedBudget = 224 * 1024;
 inline constexpr int kWgmmaTileXThreads =
     256;  // fp_wgmma_tile_x, a tile a block
 constexpr int wgmma_rows_per_block(int tiles) {
@@ -212,7 +229,9 @@ constexpr int wgmma_stage_bytes(int bits, int tiles, int x_rows) {
          wgmma_rows_per_block(tiles) * kWgmmaWRowBytes;
 }
 constexpr int wgmma_stages(int bits, int tiles, int x_rows) {
-  const int fit = kWgmmaSharedBudget / wgmma_stage_bytes(bits, tiles, x_rows);
+  const int budget =
+      x_rows > kWgmmaXRows ? kWgmmaWideSharedBudget : kWgmmaSharedBudget;
+  const int fit = budget / wgmma_stage_bytes(bits, tiles, x_rows);
   return fit < 8 ? fit : 8;
 }
 // The output tile, staged for whole 16-byte rows of y (rows padded by 16
@@ -227,13 +246,18 @@ constexpr int wgmma_shared_bytes(int bits, int tiles, int x_rows) {
   return stages > out ? stages : out;
 }
 // Every block of fp_qmm_wgmma fits the shared memory that sm_90 grants a
-// block (227 KiB).
+// block (227 KiB), with at least three stages (one in flight).
 inline constexpr int kSm90SharedBytes = 227 * 1024;
 constexpr bool wgmma_blocks_fit() {
   for (int bits : {4, 8}) {
     for (int tiles : {1, 2}) {
-      for (int x_rows : {kWgmmaFewestXRows, kWgmmaFewXRows, kWgmmaXRows}) {
-        if (wgmma_shared_bytes(bits, tiles, x_rows) > kSm90SharedBytes) {
+      for (int x_rows :
+           {kWgmmaFewestXRows, kWgmmaFewXRows, kWgmmaXRows, kWgmmaWideXRows}) {
+        if (x_rows == kWgmmaWideXRows && tiles != 1) {
+          continue;
+        }
+        if (wgmma_stages(bits, tiles, x_rows) < 3 ||
+            wgmma_shared_bytes(bits, tiles, x_rows) > kSm90SharedBytes) {
           return false;
         }
       }
@@ -367,6 +391,9 @@ struct QmmArgs {
   // adds in pairs as it stores y (with K split, into partials that
   // fp_split_k_sum adds up). 0 or 1: x as it is.
   int x_parts;
+  // fp_qmv_wide: a block's rows of x copied into its shared memory
+  // (qmv_wide_may_share_x), after the warps' sums.
+  int x_in_shared;
 };
 
 // The grouped path's scratch, 32-bit words from a 16-byte aligned start:

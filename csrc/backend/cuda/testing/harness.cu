@@ -703,12 +703,18 @@ std::vector<Case> test_cases() {
     whole.name = name(kModes[0], "bf16", transpose, 3, 256, 1024, " batch 2x3 bw");
     whole.K = 1024;
     cases.push_back(whole);
+    Case float_scales{name(kModes[4], "bf16", transpose, 3, 256, 1024, " batch 2x3 bw"),
+                      Mode::fp8, 32, FloatType::bfloat16, FloatType::float32, transpose,
+                      3, 256, 1024};
+    float_scales.batch_shape = {2, 3};
+    float_scales.broadcast_w = true;
+    cases.push_back(float_scales);
     for (auto style : {Case::Indices::random, Case::Indices::sorted,
                        Case::Indices::out_of_range}) {
       const char* sname = style == Case::Indices::random ? " gather random"
           : style == Case::Indices::sorted               ? " gather sorted"
                                                          : " gather out-of-range";
-      for (const auto& m : {kModes[0], kModes[1]}) {
+      for (const auto& m : {kModes[0], kModes[1], kModes[4]}) {
         Case g{name(m, "bf16", transpose, 1, 256, 512, sname), m.mode,
                m.group_size, FloatType::bfloat16, m.scale_type, transpose, 1, 256, 512};
         g.pairs = 12;
@@ -768,13 +774,17 @@ std::vector<Case> test_cases() {
     }
   }
   // fp_qmm_wgmma (sm_90): x rows past M in the last tile of 128, W rows past
-  // N, K split over a small grid, blocks of 256 W rows on a large one; and
-  // blocks of 64 rows of x (up to 64 rows) and of 32 (up to 32), past M and
-  // split.
+  // N, K split over a small grid, blocks of 256 W rows on a large one; blocks
+  // of 256 rows of x (two tiles of x: both full, the second partial, the
+  // second absent in the last block); and blocks of 64 rows of x (up to 64
+  // rows) and of 32 (up to 32), past M and split.
   for (const auto& m : kModes) {
     for (auto [M, N, K] : {std::array<int, 3>{200, 136, 512},
                            std::array<int, 3>{128, 256, 8192},
+                           std::array<int, 3>{100, 16896, 256},
                            std::array<int, 3>{512, 4352, 256},
+                           std::array<int, 3>{140, 8448, 256},
+                           std::array<int, 3>{300, 8448, 256},
                            std::array<int, 3>{40, 136, 512},
                            std::array<int, 3>{64, 256, 8192},
                            std::array<int, 3>{24, 136, 512},

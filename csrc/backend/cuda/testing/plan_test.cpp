@@ -114,6 +114,33 @@ int main() {
       big.split_k == 1 && big.split_k_step == 4096 && !big.reduction &&
           big.partials_bytes == 0,
       "no split");
+  check(
+      !big.x_in_shared &&
+          !cu::kernel_args(problem(Mode::mxfp4, true, 1, 14336, 4096), big)
+               .x_in_shared,
+      "byte scales: x a pass ahead in registers");
+  // Float scales: x copied into shared memory while it takes at most
+  // kQmvWideMaxXBytes (4 rows of 4096 bfloat16 values), not at 8 rows.
+  for (int M : {1, 4, 8}) {
+    const auto float_scales = problem(Mode::fp8, true, M, 14336, 4096);
+    const auto plan = auto_plan(float_scales, h200);
+    const bool shared = M <= 4;
+    check(
+        plan.key.family == cu::KernelFamily::qmv_wide &&
+            plan.x_in_shared == shared &&
+            cu::kernel_args(float_scales, plan).x_in_shared == shared &&
+            plan.main.shared_bytes ==
+                4 * 2 * 4 * 32 * 4 + (shared ? M * 4096 * 2 : 0),
+        "float scales, M = " + std::to_string(M) + ": x in shared memory " +
+            std::to_string(plan.main.shared_bytes));
+  }
+  // Measured on sm_90 only, whose shared memory holds 4 such blocks an SM.
+  const auto float_scales_elsewhere =
+      auto_plan(problem(Mode::fp8, true, 1, 14336, 4096), *gb10);
+  check(
+      float_scales_elsewhere.key.family == cu::KernelFamily::qmv_wide &&
+          !float_scales_elsewhere.x_in_shared,
+      "float scales on sm_121: x in registers");
   // float32 x of up to 4 rows and 8 MiB of W or more: split once into
   // bfloat16 high and low parts, multiplied by bfloat16's kernel as twice
   // the rows, which adds each row's two as it stores y (no partials).
@@ -489,10 +516,12 @@ int main() {
 
   // wgmma (sm_90, bfloat16 x): above kWgmmaMinRows rows to kWgmmaMaxRows,
   // then dequantize + matmul; 256 W rows a block where those blocks half
-  // fill the GPU, else 128 and split K where even those would not.
-  // mxfp4 14336 x 4096 by fp_qmm_wgmma: its kernel, grid, x's tiles (of 128
-  // rows) and shared memory. Up to 64 rows, blocks of 64 rows of x (wgmma's
-  // N 64), which read the first half of x's tiles; up to 32, of 32.
+  // fill the GPU, else 128 and split K where even those would not; past 128
+  // rows, blocks of 256 rows of x and 128 of W where they are as many or
+  // fill the GPU. mxfp4 14336 x 4096 by fp_qmm_wgmma: its kernel, grid, x's
+  // tiles (of 128 rows) and shared memory. Up to 64 rows, blocks of 64 rows
+  // of x (wgmma's N 64), which read the first half of x's tiles; up to 32,
+  // of 32.
   struct WgmmaCase {
     int M;
     std::string kernel;
@@ -500,12 +529,36 @@ int main() {
   };
   for (const auto& c : {
            WgmmaCase{
+               512,
+               "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x256_w128",
+               112,
+               2,
+               4,
+               1,
+               256},
+           WgmmaCase{
+               300,
+               "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x256_w128",
+               112,
+               2,
+               3,
+               1,
+               256},
+           WgmmaCase{
                256,
-               "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w256",
-               56,
+               "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x256_w128",
+               112,
+               1,
                2,
-               2,
-               2,
+               1,
+               256},
+           WgmmaCase{
+               128,
+               "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w128",
+               112,
+               1,
+               1,
+               1,
                128},
            WgmmaCase{
                64,
@@ -544,6 +597,30 @@ int main() {
           split.main.grid[1] == 2 * split.split_k &&
           split.x_tiles->grid[0] == 2 * 4096 / 64,
       "wgmma 200 rows: " + split.main.kernel);
+  // Blocks of 128 rows of x where the wide ones would be fewer and not fill
+  // the GPU: mxfp8 4096 x 4096 at 512 rows (64 wide blocks, 128 narrow).
+  auto narrow_x = auto_plan(problem(Mode::mxfp8, true, 512, 4096, 4096), h200);
+  check(
+      narrow_x.path == cu::KernelPath::wgmma &&
+          narrow_x.main.kernel ==
+              "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x128_w128" &&
+          narrow_x.main.grid[0] == 32 && narrow_x.main.grid[1] == 4 &&
+          narrow_x.split_k == 1,
+      "wgmma 512 rows of 4096 x 4096: " + narrow_x.main.kernel);
+  // The harness's wgmma shapes reach the blocks its cases name.
+  for (const auto& [M, N, kernel] :
+       std::initializer_list<std::tuple<int, int, std::string>>{
+           {100, 16896, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x128_w256"},
+           {140, 8448, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x256_w128"},
+           {300, 8448, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x256_w128"},
+           {512, 4352, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x256_w128"}}) {
+    auto plan = cu::plan(
+        problem(Mode::mxfp8, true, M, N, 256), h200, KernelRequest::wgmma);
+    check(
+        plan.main.kernel == kernel && plan.split_k == 1,
+        "harness wgmma " + std::to_string(M) + " x " + std::to_string(N) +
+            ": " + plan.main.kernel);
+  }
   // Split K in whole waves: 32 blocks of mxfp8 4096 x 4096 in 4 splits (128
   // blocks for 132 SMs), not 5 (160: a second wave of 28).
   auto wave = auto_plan(problem(Mode::mxfp8, true, 48, 4096, 4096), h200);
