@@ -774,7 +774,8 @@ std::vector<Case> test_cases() {
     }
   }
   // fp_qmm_wgmma (sm_90): x rows past M in the last tile of 128, W rows past
-  // N, K split over a small grid, blocks of 256 W rows on a large one; blocks
+  // N, K split over a small grid, blocks of 256 W rows on a large one (over
+  // two blocks of rows of x at 200 x 8576); blocks
   // of 256 rows of x (two tiles of x: both full, the second partial, the
   // second absent in the last block); and blocks of 64 rows of x (up to 64
   // rows) and of 32 (up to 32), past M and split.
@@ -782,6 +783,7 @@ std::vector<Case> test_cases() {
     for (auto [M, N, K] : {std::array<int, 3>{200, 136, 512},
                            std::array<int, 3>{128, 256, 8192},
                            std::array<int, 3>{100, 16896, 256},
+                           std::array<int, 3>{200, 8576, 256},
                            std::array<int, 3>{512, 4352, 256},
                            std::array<int, 3>{140, 8448, 256},
                            std::array<int, 3>{300, 8448, 256},
@@ -802,14 +804,17 @@ std::vector<Case> test_cases() {
         cases.push_back(c);
       }
     }
-    // K with a partial last stage (128 E2M1 or 64 E4M3 codes a stage), and
-    // the grouped gather: several runs of 128 pairs an expert.
+    // K with a partial last stage (128 E2M1 or 64 E4M3 codes a stage), in
+    // blocks of 128 and of 256 rows of x, and the grouped gather: several runs
+    // of 128 pairs an expert.
     const int K = m.group_size == 64 ? 2880 : 2912;
-    Case partial{name(m, "bf16", true, 200, 136, K, " wgmma"), m.mode,
-                 m.group_size, FloatType::bfloat16, m.scale_type, true, 200, 136, K};
-    partial.global_scale = m.mode == Mode::nvfp4;
-    partial.request = cu::KernelRequest::wgmma;
-    cases.push_back(partial);
+    for (auto [M, N] : {std::array<int, 2>{200, 136}, std::array<int, 2>{300, 8448}}) {
+      Case partial{name(m, "bf16", true, M, N, K, " wgmma"), m.mode,
+                   m.group_size, FloatType::bfloat16, m.scale_type, true, M, N, K};
+      partial.global_scale = m.mode == Mode::nvfp4;
+      partial.request = cu::KernelRequest::wgmma;
+      cases.push_back(partial);
+    }
     for (auto style : {Case::Indices::random, Case::Indices::sorted,
                        Case::Indices::out_of_range}) {
       Case g{name(m, "bf16", true, 1, 136, K, " gather wgmma " +

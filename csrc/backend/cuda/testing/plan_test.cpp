@@ -611,6 +611,7 @@ int main() {
   for (const auto& [M, N, kernel] :
        std::initializer_list<std::tuple<int, int, std::string>>{
            {100, 16896, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x128_w256"},
+           {200, 8576, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x128_w256"},
            {140, 8448, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x256_w128"},
            {300, 8448, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x256_w128"},
            {512, 4352, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x256_w128"}}) {
@@ -620,6 +621,22 @@ int main() {
         plan.main.kernel == kernel && plan.split_k == 1,
         "harness wgmma " + std::to_string(M) + " x " + std::to_string(N) +
             ": " + plan.main.kernel);
+  }
+  // Blocks of 256 rows of x are never split: they are planned only where at
+  // least as many as the narrow blocks (which, with one tile of W, are more)
+  // or half filling the GPU (with two).
+  for (int M : {129, 200, 256, 300, 384, 512}) {
+    for (int N : {1024, 4096, 8448, 14336, 28672}) {
+      for (int K : {256, 4096, 14336}) {
+        auto plan = auto_plan(problem(Mode::mxfp8, true, M, N, K), h200);
+        if (plan.main.kernel.find("_x256_") != std::string::npos) {
+          check(
+              plan.split_k == 1,
+              "wide wgmma blocks split: " + std::to_string(M) + " x " +
+                  std::to_string(N) + " x " + std::to_string(K));
+        }
+      }
+    }
   }
   // Split K in whole waves: 32 blocks of mxfp8 4096 x 4096 in 4 splits (128
   // blocks for 132 SMs), not 5 (160: a second wave of 28).
