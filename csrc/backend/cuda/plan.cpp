@@ -332,7 +332,8 @@ int wgmma_tiles(const QmmProblem& p, const CudaDevice& device) {
 // of the blocks of 128 rows, which at 512 rows costs about as many issue
 // slots as the MMA takes cycles with E4M3 codes): past 128 rows, where
 // those blocks are at least as many as the blocks of 128 rows would be, or
-// fill the GPU.
+// fill the GPU. Measured on an H100, kernels alone (docs/cuda-log.md, "Ninth
+// session of 2026-12-05"): 14336 x 4096 at 256 and 512 rows 18-28% faster.
 bool wgmma_wide_x(const QmmProblem& p, const CudaDevice& device) {
   if (p.M <= fc::kWgmmaXRows) {
     return false;
