@@ -94,6 +94,31 @@ def test_decode_takes_wide_blocks_where_they_half_fill_the_gpu(n, kernel, grid, 
 
 
 @pytest.mark.parametrize(
+    "mode, rows, dtype, device, shared",
+    [
+        ("fp8", 1, mx.bfloat16, "sm_90", True),
+        ("fp8", 4, mx.float16, "sm_90", True),
+        ("fp4", 1, mx.bfloat16, "sm_90", True),
+        ("fp8", 5, mx.bfloat16, "sm_90", False),
+        ("fp4", 5, mx.float16, "sm_90", False),
+        ("fp8", 1, mx.bfloat16, "sm_80", False),
+        ("mxfp8", 1, mx.bfloat16, "sm_90", False),
+    ],
+)
+def test_wide_decode_blocks_take_x_in_shared_memory(mode, rows, dtype, device, shared):
+    """The wide decode blocks of float-scale weights copy x into shared memory on
+    sm_90 (up to 32 KB of 16-bit x: 4 rows of 4096), never with byte scales."""
+    n, bits = 9000, 8 if mode.endswith("8") else 4
+    w = mx.zeros((n, K * bits // 32), mx.uint32)
+    scale_type = mx.float16 if mode in ("fp4", "fp8") else mx.uint8
+    scales = mx.zeros((n, K // 32), scale_type)
+    plan = mlx_fpqmm.kernel_path(mx.zeros((rows, K), dtype), w, scales, mode=mode, device=device)
+    assert plan["kernel"].startswith("fpqmm_qmv_wide_"), plan["kernel"]
+    assert plan["x_in_shared"] == shared, plan["note"]
+    assert ("x in shared memory" in plan["note"]) == shared
+
+
+@pytest.mark.parametrize(
     "M, expected, kernel",
     [
         (16, "qmv", "fpqmm_qmv_e2m1_e8m0_bfloat16_x16"),

@@ -357,6 +357,7 @@ nb::dict cuda_plan_dict(
   result["shared_bytes"] = plan.main.shared_bytes;
   result["split_k"] = plan.split_k;
   result["splits_in_cluster"] = plan.splits_in_cluster;
+  result["x_in_shared"] = plan.x_in_shared;
   result["partials_bytes"] = plan.partials_bytes;
   result["reduction"] =
       plan.reduction ? nb::object(launch_dict(*plan.reduction)) : nb::none();
@@ -609,7 +610,9 @@ void register_metal_bindings(nb::module_& m) {
             that the ``reduction`` dispatch adds; else ``None``). CUDA adds
             ``device``, ``sm_count``, ``grid``, ``block``, ``shared_bytes``,
             ``split_k``, ``splits_in_cluster`` (the splits of K add up in a
-            thread block cluster, sm_90 and later),
+            thread block cluster, sm_90 and later), ``x_in_shared`` (the
+            decode kernel's wide blocks copy x into shared memory: float
+            scales and up to 32 KB of 16-bit x on sm_90),
             ``partials_bytes``, ``reduction`` (the split-K sum launch, or
             ``None``), ``grouping`` and ``grouping_bytes`` (path
             ``"grouped"``: the launch that groups the pairs by expert
