@@ -308,7 +308,7 @@ def test_kernels_one_after_another_in_any_order():
     two kernels another sequence of two. Single kernels: the decode kernel
     with bfloat16, float16 and float32 x, its wide blocks and its blocks of 32
     rows of x, x @ W, the staged kernel, an empty K; a cluster split of K; two:
-    wgmma's blocks of 32, 64 and 128 rows after their x tiles, float32 x split
+    wgmma's blocks of 32, 64, 128 and 256 rows after their x tiles, float32 x split
     into bfloat16 parts before the decode kernel, x copied from a transpose
     before it, a split of K into partial sums and their sum, the pairs'
     grouping before the grouped kernel; three: float32 x split, then a split of
@@ -325,6 +325,7 @@ def test_kernels_one_after_another_in_any_order():
         ("mxfp4", mx.bfloat16, 64, 256, 512, True),
         ("mxfp4", mx.bfloat16, 3, 256, 192, False),
         ("mxfp8", mx.bfloat16, 200, 256, 512, True),
+        ("mxfp4", mx.bfloat16, 300, 8448, 256, True),
         ("mxfp4", mx.float32, 4, 64, 0, True),
         ("mxfp4", mx.float32, 1, 4096, 4096, True),
         ("mxfp4", mx.float32, 1, 3072, 8192, True),
