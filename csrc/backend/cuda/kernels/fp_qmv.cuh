@@ -431,12 +431,7 @@ __device__ __forceinline__ void fp_qmv_impl(
   auto load_x = [&](int k, bool in, XChunk& to) {
 #pragma unroll
     for (int b = 0; b < x_blocks; ++b) {
-      const T* base;
-      if constexpr (x_shared) {
-        base = x_copy;
-      } else {
-        base = op.x;
-      }
+      const T* base = x_shared ? x_copy : op.x;
       const auto* from =
           reinterpret_cast<const uint4*>(base + (in ? x_offsets[b] + k : 0));
 #pragma unroll
