@@ -12,7 +12,8 @@ Here:    python3 tools/gpu/harness_ab.py build [NAME...] (optional) builds each
          PATH).
 Device:  python3 tools/gpu/harness_ab.py run --only "14336x4096 M=1 bf16" ...
          (carry .gpu/ab) builds every tree that has no prebuilt harness, in
-         parallel, runs `harness --test` of each unless --no-test, then --rounds
+         parallel, runs `harness --test` of each unless --no-test (each stopped
+         after --test-timeout seconds, its cases so far counted), then --rounds
          rounds of `harness --bench --only FILTER` of every tree (or of those
          --trees names) in turn, until --until seconds, and prints one row a
          case: each tree's times (us) and the first tree's kernel. Logs go to
@@ -77,9 +78,13 @@ def build(tree: Path) -> tuple[Path, int]:
     prebuilt = tree / "bin" / "harness.xz"
     if prebuilt.is_file():
         out.mkdir(parents=True, exist_ok=True)
-        with open(out / "harness", "wb") as binary:
+        # Unpacked beside and renamed: a harness of an earlier, killed run may still be
+        # running from the old file ("Text file busy" on writing into it).
+        unpacked = out / "harness.new"
+        with open(unpacked, "wb") as binary:
             done = subprocess.run(["xz", "-dc", str(prebuilt)], stdout=binary)
-        (out / "harness").chmod(0o755)
+        unpacked.chmod(0o755)
+        unpacked.replace(out / "harness")
         return out / "harness", done.returncode
     script = tree / "csrc" / "backend" / "cuda" / "testing" / "build.sh"
     with open(log_dir() / f"build_{tree.name}.log", "w") as log:
@@ -112,7 +117,26 @@ def log_dir() -> Path:
     return path
 
 
-def run(filters: list[str], rounds: int, until: float, test: bool, only_trees: str) -> None:
+def bounded(command: list[str], timeout: float) -> tuple[str, bool]:
+    """The command's stdout and stderr, and whether it finished within timeout seconds
+    (else it is killed, and what it printed until then is returned)."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        return done.stdout + done.stderr, True
+    except subprocess.TimeoutExpired as stopped:
+        parts = (stopped.stdout or "", stopped.stderr or "")
+        text = (p.decode(errors="replace") if isinstance(p, bytes) else p for p in parts)
+        return "".join(text), False
+
+
+def run(
+    filters: list[str],
+    rounds: int,
+    until: float,
+    test: bool,
+    test_timeout: float,
+    only_trees: str,
+) -> None:
     start = time.monotonic()
     chosen = [t for t in trees() if not only_trees or t.name in only_trees.split(",")]
     unknown = set(filter(None, only_trees.split(","))) - {t.name for t in chosen}
@@ -127,18 +151,19 @@ def run(filters: list[str], rounds: int, until: float, test: bool, only_trees: s
     if test:
         with ThreadPoolExecutor(len(binaries)) as pool:
             results = pool.map(
-                lambda item: subprocess.run(
-                    [str(item[1]), "--test"], capture_output=True, text=True, timeout=300
-                ),
-                binaries.items(),
+                lambda binary: bounded([str(binary), "--test"], test_timeout), binaries.values()
             )
-            for name, result in zip(binaries, results, strict=True):
-                (log_dir() / f"test_{name}.log").write_text(result.stdout + result.stderr)
-                lines = result.stdout.strip().splitlines()
+            for name, (output, finished) in zip(binaries, results, strict=True):
+                (log_dir() / f"test_{name}.log").write_text(output)
+                lines = output.strip().splitlines()
                 failed = [line for line in lines if line.startswith("FAIL")]
-                print(
-                    f"test {name}: {lines[-1] if lines else 'no output'}", *failed[:10], sep="\n  "
-                )
+                summary = lines[-1] if finished and lines else "no output"
+                if not finished:
+                    cases = sum(line.startswith(("ok ", "FAIL ")) for line in lines)
+                    summary = (
+                        f"stopped at {test_timeout:.0f} s: {len(failed)} of {cases} cases failed"
+                    )
+                print(f"test {name}: {summary}", *failed[:10], sep="\n  ", flush=True)
     times: dict[str, dict[str, list[float]]] = collections.defaultdict(
         lambda: collections.defaultdict(list)
     )
@@ -149,13 +174,10 @@ def run(filters: list[str], rounds: int, until: float, test: bool, only_trees: s
             break
         for name, binary in binaries.items():
             for only in filters:
-                bench = subprocess.run(
-                    [str(binary), "--bench", "--only", only],
-                    capture_output=True, text=True, timeout=120,
-                )  # fmt: skip
+                output, _ = bounded([str(binary), "--bench", "--only", only], 120)
                 with open(log_dir() / "bench.log", "a") as log:
-                    log.write(f"### {name} {only}\n{bench.stdout}{bench.stderr}")
-                for line in bench.stdout.splitlines():
+                    log.write(f"### {name} {only}\n{output}")
+                for line in output.splitlines():
                     row = ROW.match(line.rstrip())
                     if row:
                         times[row.group(1)][name].append(float(row.group(2)))
@@ -180,6 +202,12 @@ def main() -> None:
     bench.add_argument("--rounds", type=int, default=3)
     bench.add_argument("--until", type=float, default=480.0, help="no new round after this")
     bench.add_argument("--no-test", dest="test", action="store_false")
+    bench.add_argument(
+        "--test-timeout",
+        type=float,
+        default=240.0,
+        help="stop each tree's `harness --test` after this (a fresh machine's are slow)",
+    )
     bench.add_argument("--trees", default="", help="comma-separated tree names (default: all)")
     args = parser.parse_args()
     if args.command == "prepare":
@@ -197,7 +225,7 @@ def main() -> None:
                 shutil.rmtree(binary.parent)
             print(f"build {tree.name}: {code} in {time.monotonic() - start:.0f} s", flush=True)
     else:
-        run(args.only, args.rounds, args.until, args.test, args.trees)
+        run(args.only, args.rounds, args.until, args.test, args.test_timeout, args.trees)
 
 
 if __name__ == "__main__":
