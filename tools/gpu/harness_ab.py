@@ -157,12 +157,12 @@ def run(
                 (log_dir() / f"test_{name}.log").write_text(output)
                 lines = output.strip().splitlines()
                 failed = [line for line in lines if line.startswith("FAIL")]
-                summary = lines[-1] if finished and lines else "no output"
-                if not finished:
-                    cases = sum(line.startswith(("ok ", "FAIL ")) for line in lines)
-                    summary = (
-                        f"stopped at {test_timeout:.0f} s: {len(failed)} of {cases} cases failed"
-                    )
+                cases = sum(line.startswith(("ok ", "FAIL ")) for line in lines)
+                summary = (
+                    (lines[-1] if lines else "no output")
+                    if finished
+                    else f"stopped at {test_timeout:.0f} s: {len(failed)} of {cases} cases failed"
+                )
                 print(f"test {name}: {summary}", *failed[:10], sep="\n  ", flush=True)
     times: dict[str, dict[str, list[float]]] = collections.defaultdict(
         lambda: collections.defaultdict(list)
@@ -174,7 +174,9 @@ def run(
             break
         for name, binary in binaries.items():
             for only in filters:
-                output, _ = bounded([str(binary), "--bench", "--only", only], 120)
+                output, finished = bounded([str(binary), "--bench", "--only", only], 120)
+                if not finished:
+                    print(f"bench {name} {only!r}: stopped at 120 s, its rows so far kept")
                 with open(log_dir() / "bench.log", "a") as log:
                     log.write(f"### {name} {only}\n{output}")
                 for line in output.splitlines():
