@@ -128,14 +128,15 @@ def test_wide_decode_blocks_take_x_in_shared_memory(mode, rows, dtype, device, s
         (64, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x64_w128"),
         (65, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w128"),
         (512, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x128_w128"),
-        (513, "dequantize_matmul", "fpqmm_dequantize_e2m1_e8m0_bfloat16"),
+        (1024, "wgmma", "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x256_w128"),
+        (1025, "dequantize_matmul", "fpqmm_dequantize_e2m1_e8m0_bfloat16"),
     ],
 )
 def test_hopper_rows_take_wgmma(M, expected, kernel):
-    """bfloat16 x on sm_90: Hopper's warpgroup MMA past the decode rows up to 512 (blocks of
-    64 rows of x up to 64 rows, then 128), after a launch that lays x out in its
-    tiles of 128 rows; dequantize + matmul past them. Up to 32 rows of a W whose 4096
-    rows make too few of wgmma's blocks, the decode kernel in blocks of 32 rows of x."""
+    """bfloat16 x on sm_90: Hopper's warpgroup MMA past the decode rows up to 1024 with E2M1
+    codes (blocks of 64 rows of x up to 64 rows, then 128 or 256), after a launch that lays x
+    out in its tiles of 128 rows; dequantize + matmul past them. Up to 32 rows of a W whose
+    4096 rows make too few of wgmma's blocks, the decode kernel in blocks of 32 rows of x."""
     plan = path((M, K), dtype=mx.bfloat16)
     assert plan["path"] == expected, plan["note"]
     assert plan["kernel"] == kernel
@@ -145,6 +146,16 @@ def test_hopper_rows_take_wgmma(M, expected, kernel):
         assert plan["x_tiles_bytes"] == -(-M // 128) * 128 * K * 2
     else:
         assert plan.get("x_tiles") is None
+
+
+@pytest.mark.parametrize("M, expected", [(768, "wgmma"), (769, "dequantize_matmul")])
+def test_hopper_e4m3_rows_take_wgmma_to_768(M, expected):
+    """With E4M3 codes (mxfp8) dequantize + matmul takes over from 769 rows."""
+    w = mx.zeros((N, K // 4), mx.uint32)
+    scales = mx.zeros((N, K // 32), mx.uint8)
+    x = mx.zeros((M, K), mx.bfloat16)
+    plan = mlx_fpqmm.kernel_path(x, w, scales, mode="mxfp8", device="sm_90")
+    assert plan["path"] == expected, plan["note"]
 
 
 def test_wgmma_request():

@@ -606,9 +606,10 @@ std::string_view path_name(KernelPath path) {
 }
 
 int primitive_rows(const QmmProblem& problem, const CudaDevice& device) {
-  return wgmma_reason(problem, device).empty() ? kWgmmaMaxRows
-         : tiled_reason(problem).empty()       ? kTiledRows
-                                               : kSimpleRows;
+  return wgmma_reason(problem, device).empty()
+             ? wgmma_max_rows(format_for(problem.mode).bits)
+         : tiled_reason(problem).empty() ? kTiledRows
+                                         : kSimpleRows;
 }
 
 bool dequantize_then_matmul(

@@ -45,7 +45,7 @@ inline constexpr int kMinimumMajor = 8;
 // (fp_group_pairs) and each expert's run multiplied by fp_qmv_grouped, or
 // by fp_qmm_grouped from kTiledGroupRows rows an expert.
 // wgmma: x @ W^T with bfloat16 x on sm_90 (Hopper) by fp_qmm_wgmma, past
-// kWgmmaMinRows rows up to kWgmmaMaxRows, where it runs (wgmma_reason);
+// kWgmmaMinRows rows up to wgmma_max_rows, where it runs (wgmma_reason);
 // fp_wgmma_tile_x lays x out for it first.
 enum class KernelPath {
   qmv,
@@ -101,13 +101,18 @@ inline constexpr int kQmmGroupedLargeRows = 64;
 std::string tiled_reason(const QmmProblem& problem);
 
 // The rows of x per W matrix from which (above kWgmmaMinRows: every row
-// count past the decode range) and up to which fp_qmm_wgmma takes a product
-// where it runs (more rows: dequantize + matmul). Measured on the H200
-// through MLX (docs/cuda-log.md, "Fourth session of 2026-12-04"): with its
-// blocks of 64 rows of x, fp_qmm_wgmma beats fp_qmm from 24 rows at 14336 x
-// 4096 and 4096 x 4096 (at 17 to 23 rows both take as long as at 24).
+// count past the decode range) and up to which (wgmma_max_rows) fp_qmm_wgmma
+// takes a product where it runs (more rows: dequantize + matmul). Measured
+// on the H200 through MLX (docs/cuda-log.md, "Fourth session of
+// 2026-12-04"): with its blocks of 64 rows of x, fp_qmm_wgmma beats fp_qmm
+// from 24 rows at 14336 x 4096 and 4096 x 4096 (at 17 to 23 rows both take
+// as long as at 24). Since its blocks of 256 rows of x, it beats dequantize
+// + matmul up to 1024 rows with E2M1 codes and 768 with E4M3 (H100 through
+// MLX, docs/cuda-log.md, "Third session of 2026-12-06").
 inline constexpr int kWgmmaMinRows = kDecodeRows;
-inline constexpr int kWgmmaMaxRows = 512;
+constexpr int wgmma_max_rows(int bits) {
+  return bits == 4 ? 1024 : 768;
+}
 // Why fp_qmm_wgmma cannot take `problem` on `device` (sm_90, x @ W^T of one
 // matrix of W, bfloat16 x, K a multiple of the stage, N of 8, and what
 // fp_qmm needs of W and its alignment); empty when it can.
@@ -136,7 +141,7 @@ inline constexpr int kWgmmaGroupRows = 48;
 
 // Whether the op multiplies the M rows of x per W matrix of `problem` (not
 // a gather) by dequantize + matmul rather than with the primitive: above
-// kWgmmaMaxRows where fp_qmm_wgmma takes it, above kTiledRows where fp_qmm
+// wgmma_max_rows where fp_qmm_wgmma takes it, above kTiledRows where fp_qmm
 // does, else above kSimpleRows, when automatic
 // (or grouped requested: it runs only for gathers), or on request (any M).
 bool dequantize_then_matmul(

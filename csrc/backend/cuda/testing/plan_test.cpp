@@ -514,7 +514,7 @@ int main() {
               .path == cu::KernelPath::wgmma,
       "the primitive of many rows plans wgmma on sm_90");
 
-  // wgmma (sm_90, bfloat16 x): above kWgmmaMinRows rows to kWgmmaMaxRows,
+  // wgmma (sm_90, bfloat16 x): above kWgmmaMinRows rows to wgmma_max_rows,
   // then dequantize + matmul; 256 W rows a block where those blocks half
   // fill the GPU, else 128 and split K where even those would not; past 128
   // rows, blocks of 256 rows of x and 128 of W where they are as many or
@@ -719,12 +719,20 @@ int main() {
           odd_m.x_tiles_bytes == int64_t(256) * 4096 * 2 &&
           odd_m.main.grid[1] == 2 * odd_m.split_k,
       "wgmma: x's rows padded to tiles of 128");
+  // Up to 1024 rows with E2M1 codes, 768 with E4M3 ones.
+  auto mxfp8_rows = [](int M) {
+    return problem(Mode::mxfp8, true, M, 4096, 4096);
+  };
   check(
-      !cu::dequantize_then_matmul(
-          rows(cu::kWgmmaMaxRows), h200, KernelRequest::automatic) &&
+      !cu::dequantize_then_matmul(rows(1024), h200, KernelRequest::automatic) &&
           cu::dequantize_then_matmul(
-              rows(cu::kWgmmaMaxRows + 1), h200, KernelRequest::automatic) &&
-          cu::primitive_rows(rows(1), h200) == cu::kWgmmaMaxRows &&
+              rows(1025), h200, KernelRequest::automatic) &&
+          !cu::dequantize_then_matmul(
+              mxfp8_rows(768), h200, KernelRequest::automatic) &&
+          cu::dequantize_then_matmul(
+              mxfp8_rows(769), h200, KernelRequest::automatic) &&
+          cu::primitive_rows(rows(1), h200) == cu::wgmma_max_rows(4) &&
+          cu::primitive_rows(mxfp8_rows(1), h200) == cu::wgmma_max_rows(8) &&
           cu::primitive_rows(rows(1, FloatType::float16), h200) ==
               cu::kTiledRows,
       "wgmma's rows, then dequantize + matmul");
