@@ -204,10 +204,14 @@ def on_hopper():
 
 # fp_qmm_wgmma: x rows past M in the last tile of 128, W rows past N in the last
 # block, K split over a small grid, blocks of 256 W rows over a large one, K with
-# a partial last stage (2912: 22.75 stages of 128 E2M1 codes, 45.5 of 64 E4M3).
+# a partial last stage (2912: 22.75 stages of 128 E2M1 codes, 45.5 of 64 E4M3),
+# and 1,000 rows (the plan's most with E2M1 codes is 1,024): four blocks of 256
+# rows of x, the last one partly past M.
 @pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize(
-    "shape", [(200, 136, 512), (128, 256, 8192), (512, 4352, 256), (130, 136, 2912)], ids=str
+    "shape",
+    [(200, 136, 512), (128, 256, 8192), (512, 4352, 256), (130, 136, 2912), (1000, 4352, 256)],
+    ids=str,
 )
 def test_wgmma(mode, shape, monkeypatch):
     """Hopper's warpgroup MMA, forced, against the reference and the CPU path."""
