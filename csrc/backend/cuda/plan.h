@@ -108,7 +108,8 @@ std::string tiled_reason(const QmmProblem& problem);
 // from 24 rows at 14336 x 4096 and 4096 x 4096 (at 17 to 23 rows both take
 // as long as at 24). Since its blocks of 256 rows of x, it beats dequantize
 // + matmul up to 1024 rows with E2M1 codes and 768 with E4M3 (H100 through
-// MLX, docs/cuda-log.md, "Third session of 2026-12-06").
+// MLX, mxfp4 and mxfp8 at 768, 1024 and 2048 rows: docs/cuda-log.md, "Third
+// session of 2026-12-06").
 inline constexpr int kWgmmaMinRows = kDecodeRows;
 constexpr int wgmma_max_rows(int bits) {
   return bits == 4 ? 1024 : 768;
