@@ -5,7 +5,9 @@ Here:    python3 tools/gpu/harness_ab.py prepare main xahead=main+PATCH ...
          exports each revision's tree to .gpu/ab/<name>/ (a revision's name
          with "/" as "-", or name=REV), with the patches after "+" applied
          (tools/gpu/experiments), and MLX's CUDA headers (those that
-         tests/test_cuda_build.py caches) to .gpu/ab/include.
+         tests/test_cuda_build.py caches) to .gpu/ab/include; --keep adds the
+         trees beside those already there (replacing any of the same name)
+         instead of starting afresh.
 Here:    python3 tools/gpu/harness_ab.py build [NAME...] (optional) builds each
          tree's harness here, one at a time, into .gpu/ab/<name>/bin/harness.xz,
          so that the device call spends no time building (nvcc from $NVCC or
@@ -45,20 +47,23 @@ def mlx_version() -> str:
     return pin.group(1) if pin else "0.32.4"
 
 
-def prepare(revisions: list[str]) -> None:
+def prepare(revisions: list[str], keep: bool) -> None:
     headers = CACHE / f"mlx-cuda-13-{mlx_version()}" / "mlx" / "include" / "mlx"
-    if not headers.is_dir():
-        sys.exit(
-            f"{headers} is missing: `.venv/bin/python -m pytest tests/test_cuda_build.py "
-            "-k decoded` fetches it once"
-        )
-    shutil.rmtree(AB, ignore_errors=True)
-    AB.mkdir(parents=True)
-    shutil.copytree(headers, AB / "include" / "mlx")
+    if not keep:
+        shutil.rmtree(AB, ignore_errors=True)
+    AB.mkdir(parents=True, exist_ok=True)
+    if not (AB / "include" / "mlx").is_dir():
+        if not headers.is_dir():
+            sys.exit(
+                f"{headers} is missing: `.venv/bin/python -m pytest tests/test_cuda_build.py "
+                "-k decoded` fetches it once"
+            )
+        shutil.copytree(headers, AB / "include" / "mlx")
     for revision in revisions:
         name, _, spec = revision.rpartition("=")
         rev, *patches = spec.split("+")
         tree = AB / (name or rev.replace("/", "-"))
+        shutil.rmtree(tree, ignore_errors=True)
         tree.mkdir()
         subprocess.run(f"git archive {rev} | tar -x -C {tree}", shell=True, cwd=ROOT, check=True)
         for patch in patches:
@@ -197,6 +202,7 @@ def main() -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     prep = commands.add_parser("prepare", help="export revisions' trees and MLX's headers")
     prep.add_argument("revisions", nargs="+", help="git revisions: [name=]revision[+patch...]")
+    prep.add_argument("--keep", action="store_true", help="keep the trees already prepared")
     here = commands.add_parser("build", help="here: build each tree's harness into its bin/")
     here.add_argument("names", nargs="*", help="these trees, in this order (default: all)")
     bench = commands.add_parser("run", help="on the GPU machine: build, test, bench")
@@ -213,7 +219,7 @@ def main() -> None:
     bench.add_argument("--trees", default="", help="comma-separated tree names (default: all)")
     args = parser.parse_args()
     if args.command == "prepare":
-        prepare(args.revisions)
+        prepare(args.revisions, args.keep)
     elif args.command == "build":
         for tree in [AB / name for name in args.names] or trees():
             start = time.monotonic()
