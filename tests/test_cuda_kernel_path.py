@@ -17,11 +17,15 @@ pytestmark = pytest.mark.skipif(
 N, K = 4096, 4096
 
 
-def path(x_shape, kernel=None, w_batch=(), dtype=mx.float32, device="sm_90", **kwargs):
-    w = mx.zeros((*w_batch, N, K // 8), mx.uint32)
+def path(
+    x_shape, kernel=None, w_batch=(), dtype=mx.float32, device="sm_90", mode="mxfp4", **kwargs
+):
+    """The plan of x (zeros of x_shape) times an N x K W of `mode` (mxfp4 or mxfp8)."""
+    bits = 8 if mode == "mxfp8" else 4
+    w = mx.zeros((*w_batch, N, K * bits // 32), mx.uint32)
     scales = mx.zeros((*w_batch, N, K // 32), mx.uint8)
     return mlx_fpqmm.kernel_path(
-        mx.zeros(x_shape, dtype), w, scales, mode="mxfp4", device=device, kernel=kernel, **kwargs
+        mx.zeros(x_shape, dtype), w, scales, mode=mode, device=device, kernel=kernel, **kwargs
     )
 
 
@@ -151,10 +155,7 @@ def test_hopper_rows_take_wgmma(M, expected, kernel):
 @pytest.mark.parametrize("M, expected", [(768, "wgmma"), (769, "dequantize_matmul")])
 def test_hopper_e4m3_rows_take_wgmma_to_768(M, expected):
     """With E4M3 codes (mxfp8) dequantize + matmul takes over from 769 rows."""
-    w = mx.zeros((N, K // 4), mx.uint32)
-    scales = mx.zeros((N, K // 32), mx.uint8)
-    x = mx.zeros((M, K), mx.bfloat16)
-    plan = mlx_fpqmm.kernel_path(x, w, scales, mode="mxfp8", device="sm_90")
+    plan = path((M, K), dtype=mx.bfloat16, mode="mxfp8")
     assert plan["path"] == expected, plan["note"]
 
 

@@ -40,6 +40,8 @@ AB = ROOT / ".gpu" / "ab"
 CACHE = Path(os.environ.get("MLX_FPQMM_CACHE_DIR") or Path.home() / ".cache" / "mlx_fpqmm")
 # A bench row: the case, its time (us), GB/s, % of the read bandwidth, the kernel.
 ROW = re.compile(r"^(\S.*?)\s+([0-9.]+)\s+\S+\s+\S+%\s\s(.*)$")
+# Seconds a `harness --bench --only FILTER` call may take (its rows so far are kept).
+BENCH_TIMEOUT = 120.0
 
 
 def mlx_version() -> str:
@@ -179,9 +181,9 @@ def run(
             break
         for name, binary in binaries.items():
             for only in filters:
-                output, finished = bounded([str(binary), "--bench", "--only", only], 120)
+                output, finished = bounded([str(binary), "--bench", "--only", only], BENCH_TIMEOUT)
                 if not finished:
-                    print(f"bench {name} {only!r}: stopped at 120 s, its rows so far kept")
+                    print(f"bench {name} {only!r}: stopped at {BENCH_TIMEOUT:.0f} s, rows kept")
                 with open(log_dir() / "bench.log", "a") as log:
                     log.write(f"### {name} {only}\n{output}")
                 for line in output.splitlines():
