@@ -333,8 +333,9 @@ def test_gather_dequantize_request():
 )
 def test_gather_groups_pairs_by_expert_from_8_pairs(pairs, expected):
     """Pairs of one row each: below 8 the per-pair decode kernels, then grouped
-    by expert: the grouping launch first, then a block of 4 warps per 32 W rows
-    and run of up to 8 pairs (16 from 8 pairs an expert)."""
+    by expert: the grouping launch first, then blocks of 4 warps that walk the
+    tiles of 32 W rows of every run of up to 8 pairs (16 from 8 pairs an
+    expert)."""
     plan = gather_path(pairs, sorted_indices=False)
     assert plan["path"] == expected, plan["note"]
     if expected == "qmv":
@@ -343,7 +344,10 @@ def test_gather_groups_pairs_by_expert_from_8_pairs(pairs, expected):
     run_rows = 16 if pairs >= 8 * 32 else 8
     assert plan["kernel"] == f"fpqmm_qmv_grouped_e2m1_e8m0_float32_x{run_rows}"
     runs = -(-pairs // run_rows) + min(33, pairs)
-    assert plan["grid"] == (2880 // 32, runs, 1)
+    # The blocks that run at once (4 an SM, 2 with runs of 16), or one per
+    # tile of 32 W rows and run where those are fewer.
+    blocks_at_once = 132 * (4 if run_rows == 8 else 2)
+    assert plan["grid"] == (min(2880 // 32 * runs, blocks_at_once), 1, 1)
     assert plan["block"] == (128, 1, 1)
     assert plan["grouping"]["kernel"] == "fpqmm_group_pairs"
     assert plan["grouping"]["grid"] == (1, 1, 1)

@@ -633,6 +633,32 @@ def test_gather_grouped_unsorted_routes(mode, dtype, kernel, monkeypatch):
     assert relative_error(mx.array(y[valid]), reference) < tol
 
 
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=DTYPE_NAMES.get)
+def test_gather_grouped_blocks_take_several_shares(mode, dtype):
+    """fp_qmv_grouped's blocks walk more tiles of W rows times runs than run at
+    once, each share's first loads in flight while the one before is stored:
+    16 tokens, top 4 of 16 experts and an out-of-range index (NaN runs among
+    the others), 4096 W rows."""
+    E, N, K, tokens = 16, 4096, 512, 16
+    w_q, scales, _ = quantized_experts(mode, E, N, K)
+    rng = np.random.default_rng(5)
+    rhs = np.stack([rng.permutation(E + 1)[:4] for _ in range(tokens)]).astype(np.uint32)
+    x = mx.random.normal((tokens, 1, 1, K)).astype(dtype)
+    plan = mlx_fpqmm.kernel_path(
+        x, w_q, scales, rhs_indices=mx.array(rhs), mode=mode, device="cuda"
+    )
+    assert plan["kernel"].startswith("fpqmm_qmv_grouped"), plan["note"]
+    assert plan["grid"][0] < N // 32 * E, plan
+    y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=mx.array(rhs), mode=mode, stream=GPU)
+    y = np.array(y.astype(mx.float32))
+    valid = rhs < E
+    assert np.isnan(y[~valid]).all() and not np.isnan(y[valid]).any()
+    lhs = np.broadcast_to(np.arange(tokens)[:, None], rhs.shape)
+    reference = gather_reference(x.reshape(tokens, 1, K), w_q, scales, lhs[valid], rhs[valid], mode)
+    assert relative_error(mx.array(y[valid]), reference) < TOLERANCE[dtype]
+
+
 def test_gather_grouped_out_of_range_lhs_indices(monkeypatch):
     """lhs_indices past x's matrices make NaN rows inside a run of an expert."""
     monkeypatch.setenv("MLX_FPQMM_KERNEL", "grouped")

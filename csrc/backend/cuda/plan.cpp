@@ -461,11 +461,16 @@ void plan_grouped_wgmma(
   plan.split_k_step = p.K;
 }
 
-// The grouped path's launches and scratch: fp_group_pairs, then a block of
-// fp_qmv_grouped (fp_qmm_grouped where `tiled`) per tile of W rows and run
-// (the grid's y loops past its limit).
+// The grouped path's launches and scratch: fp_group_pairs, then
+// fp_qmm_grouped (where `tiled`: a block per tile of W rows and run, the
+// grid's y looping past its limit) or fp_qmv_grouped (the blocks that run at
+// once, or fewer, walking the tiles of every run).
 void plan_grouped(
-    const QmmProblem& p, const Format& format, bool tiled, KernelPlan& plan) {
+    const QmmProblem& p,
+    const Format& format,
+    const CudaDevice& device,
+    bool tiled,
+    KernelPlan& plan) {
   const int64_t pairs_per_expert = plan.batch_count / std::max(p.w_matrices, 1);
   const int qmm_blocks = qmm_x_blocks(pairs_per_expert, true);
   // fp_qmv_grouped: runs of up to 8 pairs (one x block, more blocks an SM)
@@ -485,11 +490,15 @@ void plan_grouped(
   const int64_t runs =
       fc::max_pair_runs(plan.batch_count, p.w_matrices, plan.run_rows);
   plan.max_runs = static_cast<int>(runs);
+  const int64_t row_blocks =
+      ceil_div(p.N, tiled ? fc::kQmmRowsPerBlock : fc::kQmvGroupedRowsPerBlock);
+  const int64_t blocks_at_once =
+      int64_t(device.sm_count) * fc::qmv_grouped_min_blocks(plan.key.x_blocks);
   plan.main = Launch{
       kernel_name(plan.key),
-      {static_cast<int>(ceil_div(
-           p.N, tiled ? fc::kQmmRowsPerBlock : fc::kQmvGroupedRowsPerBlock)),
-       static_cast<int>(std::min<int64_t>(runs, kMaxGridYZ)),
+      {static_cast<int>(
+           tiled ? row_blocks : std::min(row_blocks * runs, blocks_at_once)),
+       static_cast<int>(tiled ? std::min<int64_t>(runs, kMaxGridYZ) : 1),
        1},
       {tiled ? fc::kQmmThreads : fc::kQmvGroupedWarps * fc::kWarpSize, 1, 1},
       tiled ? qmm_shared_bytes(p, format, qmm_blocks)
@@ -786,7 +795,7 @@ KernelPlan plan(
     if (wgmma) {
       plan_grouped_wgmma(p, format, device, plan);
     } else {
-      plan_grouped(p, format, tiled, plan);
+      plan_grouped(p, format, device, tiled, plan);
     }
     plan.note += ", W read once per run of " + std::to_string(plan.run_rows) +
                  (wgmma   ? " by fp_qmm_wgmma_grouped"

@@ -328,12 +328,37 @@ __device__ __forceinline__ void multiply_chunk(
   }
 }
 
-// W rows [n0, n0 + tiles * 16) times x rows [m0, m0 + x_blocks * 8) over K
-// range [k_begin, k_end) of one product: every warp of the block calls it,
-// taking every warps-th pass of the quads over K, and the block's sums end
-// in y, in float32 partials with split K, or in the sums of the other
-// splits of its cluster (splits_in_cluster). `rows` says where x's and y's
-// rows are; M is the rows' number.
+// A block's share of a product: W rows [n0, n0 + tiles * 16) times x rows
+// [m0, m0 + x_blocks * 8) over K range [k_begin, k_end); `rows` says where
+// x's and y's rows are, M is their number, and the sums go to y, or to
+// float32 partials with split K.
+template <typename T, int encoding, typename Rows>
+struct QmvShare {
+  Operands<T, encoding> op;
+  Rows rows;
+  int M;
+  int m0;
+  int n0;
+  int k_begin;
+  int k_end;
+  T* y;
+  float* partials;
+};
+
+// fp_qmv_impl's shares after the first: none.
+struct NoNextShare {
+  template <typename Share>
+  __device__ __forceinline__ bool operator()(Share&) const {
+    return false;
+  }
+};
+
+// The block's share `share`, then each share that next_share(share) gives
+// while it returns true: every warp of the block calls it, taking every
+// warps-th pass of the quads over K, and each share's sums end in y, in its
+// partials, or in the sums of the other splits of its cluster
+// (splits_in_cluster). A next share's first loads of W are in flight while
+// the block adds up and stores the sums of the one before.
 template <
     typename T,
     int bits,
@@ -344,20 +369,18 @@ template <
     int warps,
     typename Rows = ContiguousRows,
     bool x_shared = false,
-    int w_ahead = 1>
+    int w_ahead = 1,
+    typename NextShare = NoNextShare>
 __device__ __forceinline__ void fp_qmv_impl(
     const QmmArgs& args,
-    const Operands<T, encoding>& op,
     float* reduction,
-    int M,
-    int m0,
-    int n0,
-    int k_begin,
-    int k_end,
-    T* y,
-    float* partials,
-    const Rows& rows = {}) {
+    QmvShare<T, encoding, Rows> share,
+    NextShare&& next_share = {}) {
   using S = typename ScaleStorage<encoding>::type;
+  using Share = QmvShare<T, encoding, Rows>;
+  static_assert(
+      !x_shared || std::is_same_v<std::decay_t<NextShare>, NoNextShare>,
+      "x is copied into shared memory for one share");
   constexpr int groups = kChunkGroups<bits, encoding>;
   constexpr int chunk_codes = 128 / bits;
   constexpr int word_codes = 32 / bits;
@@ -374,49 +397,50 @@ __device__ __forceinline__ void fp_qmv_impl(
   const uint32_t scales_per_row = K / args.group_size;
   // Group sizes are powers of two: a shift, not a division, per pass.
   const int group_shift = __ffs(args.group_size) - 1;
-  const int passes =
-      op.valid ? (k_end - k_begin + pass_codes - 1) / pass_codes : 0;
-  // The passes whose every lane's chunk lies before k_end: their loads take
-  // no predicate (past them, codes and x past k_end are zeros).
-  const int full_passes = op.valid ? (k_end - k_begin) / pass_codes : 0;
 
-  // This lane's rows of W (rows past N read row 0: their sums are never
-  // stored), as offsets from the matrix in vectors and in scales.
+  // The share whose W is loaded: its passes (those whose every lane's
+  // chunk lies before k_end take no predicate; past them, codes and x past
+  // k_end are zeros), this lane's rows of W (rows past N read row 0: their
+  // sums are never stored) as offsets from the matrix in vectors and in
+  // scales, and this lane's row of x in each block of 8 (rows past M read
+  // row 0, as those of W).
+  int passes;
+  int full_passes;
   uint32_t w_offsets[tiles][2];
   uint32_t scale_offsets[tiles][2];
-#pragma unroll
-  for (int t = 0; t < tiles; ++t) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = n0 + t * kTileRows + h * 8 + lane.group;
-      w_offsets[t][h] = n < N ? n * row_chunks : 0;
-      scale_offsets[t][h] = n < N ? n * scales_per_row : 0;
-    }
-  }
-  const auto* w_vectors = reinterpret_cast<const uint4*>(op.w);
+  int64_t x_offsets[x_blocks];
   // x_shared: the block's rows of x over [k_begin, k_end), copied once into
   // shared memory after the reduction's floats (the registers that held x a
   // pass ahead then hold W further ahead).
-  const int x_span = k_end - k_begin;
+  const int x_span = share.k_end - share.k_begin;
   T* const x_copy =
       x_shared ? reinterpret_cast<T*>(
                      reduction + qmv_shared_bytes(warps, tiles, x_blocks) / 4)
                : nullptr;
-  // This lane's row of x in each block of 8 (rows past M read row 0, as
-  // those of W).
-  int64_t x_offsets[x_blocks];
+  auto begin_loads = [&](const Share& at) {
+    const int span = at.k_end - at.k_begin;
+    passes = at.op.valid ? (span + pass_codes - 1) / pass_codes : 0;
+    full_passes = at.op.valid ? span / pass_codes : 0;
 #pragma unroll
-  for (int b = 0; b < x_blocks; ++b) {
-    const int m = m0 + b * kXBlockRows + lane.group;
-    if constexpr (x_shared) {
-      x_offsets[b] = m < M ? (m - m0) * x_span - k_begin : -k_begin;
-    } else {
-      x_offsets[b] = m < M ? rows.x(m) * K : 0;
+    for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int n = at.n0 + t * kTileRows + h * 8 + lane.group;
+        w_offsets[t][h] = n < N ? n * row_chunks : 0;
+        scale_offsets[t][h] = n < N ? n * scales_per_row : 0;
+      }
     }
-  }
-
-  float sums[tiles][x_blocks][4];
-  fill_sums(sums, op.valid ? 0.0f : quiet_nan());
+#pragma unroll
+    for (int b = 0; b < x_blocks; ++b) {
+      const int m = at.m0 + b * kXBlockRows + lane.group;
+      if constexpr (x_shared) {
+        x_offsets[b] =
+            m < at.M ? (m - at.m0) * x_span - at.k_begin : -at.k_begin;
+      } else {
+        x_offsets[b] = m < at.M ? at.rows.x(m) * K : 0;
+      }
+    }
+  };
 
   // x's chunk of a pass, read by every block (from the caches, or from the
   // block's copy: x_shared): loaded with W's one pass ahead where the
@@ -428,10 +452,10 @@ __device__ __forceinline__ void fp_qmv_impl(
     uint32_t words[x_blocks][x_chunk_words];
   };
   struct NoXChunk {};
-  auto load_x = [&](int k, bool in, XChunk& to) {
+  auto load_x = [&](const Share& at, int k, bool in, XChunk& to) {
 #pragma unroll
     for (int b = 0; b < x_blocks; ++b) {
-      const T* base = x_shared ? x_copy : op.x;
+      const T* base = x_shared ? x_copy : at.op.x;
       const auto* from =
           reinterpret_cast<const uint4*>(base + (in ? x_offsets[b] + k : 0));
 #pragma unroll
@@ -459,9 +483,11 @@ __device__ __forceinline__ void fp_qmv_impl(
     S scales[tiles][2][groups];
     std::conditional_t<x_ahead, XChunk, NoXChunk> x;
   };
-  // Pass `pass`'s loads (none past the last pass: a prefetch never used).
-  auto load = [&](int pass, Pass& to) {
-    const int k = k_begin + pass * pass_codes + lane.thread * chunk_codes;
+  // Pass `pass`'s loads of share `at`, whose begin_loads ran (none past its
+  // last pass: a prefetch never used).
+  auto load = [&](const Share& at, int pass, Pass& to) {
+    const int k = at.k_begin + pass * pass_codes + lane.thread * chunk_codes;
+    const auto* w_vectors = reinterpret_cast<const uint4*>(at.op.w);
     auto load_rows = [&](bool in) {
 #pragma unroll
       for (int t = 0; t < tiles; ++t) {
@@ -474,90 +500,109 @@ __device__ __forceinline__ void fp_qmv_impl(
           for (int g = 0; g < groups; ++g) {
             const int group = (k + g * (chunk_codes / groups)) >> group_shift;
             to.scales[t][h][g] =
-                in ? load_streaming(op.scales + scale_offsets[t][h] + group)
+                in ? load_streaming(at.op.scales + scale_offsets[t][h] + group)
                    : S(0);
           }
         }
       }
       if constexpr (x_ahead) {
-        load_x(k, in, to.x);
+        load_x(at, k, in, to.x);
       }
     };
     if (pass < full_passes) {
       load_rows(true);
     } else if (pass < passes) {
-      load_rows(k < k_end);
+      load_rows(k < at.k_end);
+    }
+  };
+  // W's passes in flight: w_ahead of them a warp.
+  Pass next[w_ahead];
+  auto first_loads = [&](const Share& at) {
+    begin_loads(at);
+#pragma unroll
+    for (int a = 0; a < w_ahead; ++a) {
+      load(at, warp + a * warps, next[a]);
     }
   };
 
-  // W's passes in flight: w_ahead of them a warp.
-  Pass next[w_ahead];
-#pragma unroll
-  for (int a = 0; a < w_ahead; ++a) {
-    load(warp + a * warps, next[a]);
-  }
+  first_loads(share);
   // The copy of x after W's first loads, which do not wait for it.
   if constexpr (x_shared) {
-    const int rows_here = min(x_blocks * kXBlockRows, M - m0);
+    const int rows_here = min(x_blocks * kXBlockRows, share.M - share.m0);
     const int row_vectors = x_span * int(sizeof(T)) / 16;
-    for (int i = threadIdx.x; op.valid && i < rows_here * row_vectors;
+    for (int i = threadIdx.x; share.op.valid && i < rows_here * row_vectors;
          i += blockDim.x) {
       const int r = i / row_vectors;
       const int v = i % row_vectors;
       reinterpret_cast<uint4*>(x_copy + r * x_span)[v] = __ldg(
-          reinterpret_cast<const uint4*>(op.x + rows.x(m0 + r) * K + k_begin) +
+          reinterpret_cast<const uint4*>(
+              share.op.x + share.rows.x(share.m0 + r) * K + share.k_begin) +
           v);
     }
     __syncthreads();
   }
-  for (int pass = warp; pass < passes; pass += warps) {
-    const Pass current = next[0];
+  while (true) {
+    float sums[tiles][x_blocks][4];
+    fill_sums(sums, share.op.valid ? 0.0f : quiet_nan());
+    for (int pass = warp; pass < passes; pass += warps) {
+      const Pass current = next[0];
 #pragma unroll
-    for (int a = 0; a + 1 < w_ahead; ++a) {
-      next[a] = next[a + 1];
-    }
-    load(pass + w_ahead * warps, next[w_ahead - 1]);
-    const auto& codes = current.codes;
-    XChunk x_now;
-    if constexpr (x_ahead) {
-      x_now = current.x;
-    } else {
-      const int k = k_begin + pass * pass_codes + lane.thread * chunk_codes;
-      if (pass < full_passes) {
-        load_x(k, true, x_now);
-      } else {
-        load_x(k, k < k_end, x_now);
+      for (int a = 0; a + 1 < w_ahead; ++a) {
+        next[a] = next[a + 1];
       }
-    }
-    GroupScale<encoding> scales[tiles][2][groups];
-    bool two_steps = false;
-    for_each_group<tiles, groups>([&](int t, int h, int g) {
-      scales[t][h][g] = group_scale<encoding>(current.scales[t][h][g]);
-      two_steps |= needs_two_steps<bits, encoding>(scales[t][h][g]);
-    });
+      load(share, pass + w_ahead * warps, next[w_ahead - 1]);
+      const auto& codes = current.codes;
+      XChunk x_now;
+      if constexpr (x_ahead) {
+        x_now = current.x;
+      } else {
+        const int k =
+            share.k_begin + pass * pass_codes + lane.thread * chunk_codes;
+        if (pass < full_passes) {
+          load_x(share, k, true, x_now);
+        } else {
+          load_x(share, k, k < share.k_end, x_now);
+        }
+      }
+      GroupScale<encoding> scales[tiles][2][groups];
+      bool two_steps = false;
+      for_each_group<tiles, groups>([&](int t, int h, int g) {
+        scales[t][h][g] = group_scale<encoding>(current.scales[t][h][g]);
+        two_steps |= needs_two_steps<bits, encoding>(scales[t][h][g]);
+      });
 
-    multiply_chunk<T, bits, encoding>(
-        sums, codes, scales, two_steps, [&](int word, auto& x_word) {
+      multiply_chunk<T, bits, encoding>(
+          sums, codes, scales, two_steps, [&](int word, auto& x_word) {
 #pragma unroll
-          for (int b = 0; b < x_blocks; ++b) {
-            x_word[b] = x_now.words[b] + word * x_word_words;
-          }
-        });
-  }
+            for (int b = 0; b < x_blocks; ++b) {
+              x_word[b] = x_now.words[b] + word * x_word_words;
+            }
+          });
+    }
 
-  store_block_sums<warps>(
-      sums,
-      reduction,
-      M,
-      N,
-      m0,
-      n0,
-      op.factor * power_of_two(scale_shift<encoding>()),
-      y,
-      partials,
-      splits_in_cluster,
-      rows,
-      args.x_parts == 2);
+    Share following;
+    const bool more = next_share(following);
+    if (more) {
+      first_loads(following);
+    }
+    store_block_sums<warps>(
+        sums,
+        reduction,
+        share.M,
+        N,
+        share.m0,
+        share.n0,
+        share.op.factor * power_of_two(scale_shift<encoding>()),
+        share.y,
+        share.partials,
+        splits_in_cluster,
+        share.rows,
+        args.x_parts == 2);
+    if (!more) {
+      return;
+    }
+    share = following;
+  }
 }
 
 // Blocks of `warps` warps of `tiles` tiles of W rows (qmv's narrow blocks
@@ -596,7 +641,10 @@ __device__ __forceinline__ void fp_qmv_grid(const QmmArgs& args) {
             ContiguousRows,
             x_shared,
             w_ahead>(
-            args, op, reduction, args.M, m0, n0, k_begin, k_end, y, partials);
+            args,
+            reduction,
+            QmvShare<T, encoding, ContiguousRows>{
+                op, {}, args.M, m0, n0, k_begin, k_end, y, partials});
       });
 }
 
@@ -652,38 +700,65 @@ __global__ void __launch_bounds__(
 
 #undef FPQMM_SPLITS_CLUSTER
 
-// fp_qmv over the runs of fp_group_pairs (grid y walks them): each block
-// multiplies a run's rows of x (up to x_blocks * 8), gathered, by its
-// expert's rows of W.
+// fp_qmv over the runs of fp_group_pairs: each share multiplies a run's rows
+// of x (up to x_blocks * 8), gathered, by a tile of its expert's rows of W.
+// The blocks run at once (the plan's grid), each taking every gridDim.x-th
+// share, so that a share's first loads are in flight while the block
+// stores the one before (the runs are few passes long).
 template <typename T, int bits, int encoding, int x_blocks>
 __global__ void __launch_bounds__(
     kQmvGroupedWarps* kWarpSize, qmv_grouped_min_blocks(x_blocks))
     fp_qmv_grouped(const QmmArgs args) {
+  using Share = QmvShare<T, encoding, GatheredRows>;
   extern __shared__ float4 shared_floats[];
   auto* reduction = reinterpret_cast<float*>(shared_floats);
-  const int n0 = blockIdx.x * kQmvGroupedRowsPerBlock;
-  grouped_runs<T, bits, encoding>(
-      args, [&](const auto& op, const GatheredRows& rows, int count, uint32_t) {
-        fp_qmv_impl<
-            T,
-            bits,
-            encoding,
-            x_blocks,
-            false,
-            kQmvGroupedTiles,
-            kQmvGroupedWarps>(
+  const MatrixSizes sizes = matrix_sizes<bits>(args);
+  const uint64_t row_blocks =
+      (args.N + kQmvGroupedRowsPerBlock - 1) / kQmvGroupedRowsPerBlock;
+  const uint64_t shares = *args.run_count * row_blocks;
+  uint64_t index = blockIdx.x;
+  auto share_at = [&](uint64_t i) {
+    const PairRun run = args.pair_runs[i / row_blocks];
+    // Without matrices of x every row is NaN and nothing of x is read.
+    return Share{
+        expert_operands<T, encoding>(
             args,
-            op,
-            reduction,
-            count,
-            0,
-            n0,
-            0,
-            args.K,
-            static_cast<T*>(args.y),
-            nullptr,
-            rows);
-      });
+            sizes,
+            run.expert,
+            static_cast<const T*>(args.x),
+            run.expert < uint32_t(args.w_matrices) && args.x_matrices > 0),
+        GatheredRows{
+            args.pair_order + run.first,
+            args.lhs_indices,
+            args.lhs_divisor,
+            uint32_t(args.x_matrices)},
+        int(run.count),
+        0,
+        int(i % row_blocks) * kQmvGroupedRowsPerBlock,
+        0,
+        args.K,
+        static_cast<T*>(args.y),
+        nullptr};
+  };
+  if (index >= shares) {
+    return;
+  }
+  fp_qmv_impl<
+      T,
+      bits,
+      encoding,
+      x_blocks,
+      false,
+      kQmvGroupedTiles,
+      kQmvGroupedWarps,
+      GatheredRows>(args, reduction, share_at(index), [&](Share& following) {
+    index += gridDim.x;
+    if (index >= shares) {
+      return false;
+    }
+    following = share_at(index);
+    return true;
+  });
 }
 
 }  // namespace fpqmm::cuda

@@ -773,6 +773,24 @@ std::vector<Case> test_cases() {
       cases.push_back(gather_300(m, kTypes[2], " gather runs of 16 ", style));
     }
   }
+  // fp_qmv_grouped's blocks walking several shares each (runs times tiles of
+  // 32 W rows past the blocks that run at once), NaN runs among the others,
+  // float scales and float16 x too.
+  for (const auto& m : kModes) {
+    for (auto style : {Case::Indices::random, Case::Indices::out_of_range}) {
+      for (const auto& type : {kTypes[0], kTypes[1]}) {
+        Case g = gather_300(m, type, " gather shares ", style);
+        g.name = name(m, type.second, true, 1, 4096, 512,
+                      " gather shares " + std::to_string(int(style)));
+        g.N = 4096;
+        g.K = 512;
+        g.pairs = 64;
+        g.x_matrices = 16;
+        g.w_matrices = 16;
+        cases.push_back(g);
+      }
+    }
+  }
   // fp_qmm_wgmma (sm_90): x rows past M in the last tile of 128, W rows past
   // N, K split over a small grid, blocks of 256 W rows on a large one (over
   // two blocks of rows of x at 200 x 8576); blocks

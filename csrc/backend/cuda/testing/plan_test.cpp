@@ -866,10 +866,17 @@ int main() {
           per_run.main.kernel == "fpqmm_qmv_grouped_e2m1_e8m0_bfloat16_x8" &&
           per_run.run_rows == 8 && per_run.max_runs == sparse_runs &&
           cu::kernel_args(sparse, per_run).run_rows == 8 &&
-          per_run.main.grid[0] == 90 && per_run.main.grid[1] == sparse_runs &&
-          per_run.main.block[0] == 128 &&
+          per_run.main.grid[0] == 132 * fpqmm::cuda::kQmvWideMinBlocks &&
+          per_run.main.grid[1] == 1 && per_run.main.block[0] == 128 &&
           per_run.main.shared_bytes == 4 * 2 * 4 * 32 * 4,
       "grouped gather, fewer than 8 pairs an expert");
+  // fp_qmv_grouped's blocks run at once, each walking its share of the 32-row
+  // tiles of every run; fewer blocks where there are fewer tiles.
+  auto few_row_tiles = sparse;
+  few_row_tiles.N = 64;
+  check(
+      auto_plan(few_row_tiles, h200).main.grid[0] == 2 * sparse_runs,
+      "grouped gather, fewer tiles than blocks at once");
   // float32 x (no fp_qmm) from 8 pairs an expert: runs of 16.
   auto dense_f32 = sparse;
   dense_f32.x_type = FloatType::float32;
