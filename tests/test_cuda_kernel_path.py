@@ -329,13 +329,21 @@ def test_gather_dequantize_request():
 
 @pytest.mark.parametrize(
     "pairs, expected",
-    [(4, "qmv"), (7, "qmv"), (8, "grouped"), (64, "grouped"), (256, "grouped")],
+    [
+        (4, "qmv"),
+        (7, "qmv"),
+        (8, "grouped"),
+        (32, "grouped"),
+        (33, "grouped"),
+        (64, "grouped"),
+        (256, "grouped"),
+    ],
 )
 def test_gather_groups_pairs_by_expert_from_8_pairs(pairs, expected):
     """Pairs of one row each: below 8 the per-pair decode kernels, then grouped
-    by expert: the grouping launch first, then blocks of 4 warps that walk the
-    tiles of 32 W rows of every run of up to 8 pairs (16 from 8 pairs an
-    expert)."""
+    by expert: the grouping launch first (up to 32 pairs, none: each block
+    groups them), then blocks of 4 warps that walk the tiles of 32 W rows of
+    every run of up to 8 pairs (16 from 8 pairs an expert)."""
     plan = gather_path(pairs, sorted_indices=False)
     assert plan["path"] == expected, plan["note"]
     if expected == "qmv":
@@ -349,6 +357,11 @@ def test_gather_groups_pairs_by_expert_from_8_pairs(pairs, expected):
     blocks_at_once = 132 * (4 if run_rows == 8 else 2)
     assert plan["grid"] == (min(2880 // 32 * runs, blocks_at_once), 1, 1)
     assert plan["block"] == (128, 1, 1)
+    if pairs <= 32:
+        # A warp of each block groups them: no grouping launch, no scratch.
+        assert plan["grouping"] is None and plan["grouping_bytes"] == 0
+        assert "grouped in each block" in plan["note"]
+        return
     assert plan["grouping"]["kernel"] == "fpqmm_group_pairs"
     assert plan["grouping"]["grid"] == (1, 1, 1)
     assert plan["grouping_bytes"] == 16 + 16 * runs + 4 * pairs

@@ -464,7 +464,8 @@ void plan_grouped_wgmma(
 // The grouped path's launches and scratch: fp_group_pairs, then
 // fp_qmm_grouped (where `tiled`: a block per tile of W rows and run, the
 // grid's y looping past its limit) or fp_qmv_grouped (the blocks that run at
-// once, or fewer, walking the tiles of every run).
+// once, or fewer, walking the tiles of every run; up to kBlockGroupMaxPairs
+// pairs, grouped by each of its blocks instead of fp_group_pairs).
 void plan_grouped(
     const QmmProblem& p,
     const Format& format,
@@ -504,7 +505,9 @@ void plan_grouped(
       tiled ? qmm_shared_bytes(p, format, qmm_blocks)
             : fc::qmv_shared_bytes(
                   fc::kQmvGroupedWarps, fc::kQmvGroupedTiles, qmv_blocks)};
-  add_grouping(runs, plan);
+  if (tiled || plan.batch_count > fc::kBlockGroupMaxPairs) {
+    add_grouping(runs, plan);
+  }
   plan.split_k_step = p.K;
 }
 
@@ -800,7 +803,8 @@ KernelPlan plan(
     plan.note += ", W read once per run of " + std::to_string(plan.run_rows) +
                  (wgmma   ? " by fp_qmm_wgmma_grouped"
                   : tiled ? " by fp_qmm_grouped"
-                          : "");
+                          : "") +
+                 (plan.grouping ? "" : " (the pairs grouped in each block)");
     return plan;
   }
   switch (request) {

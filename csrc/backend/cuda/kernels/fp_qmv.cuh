@@ -700,7 +700,51 @@ __global__ void __launch_bounds__(
 
 #undef FPQMM_SPLITS_CLUSTER
 
-// fp_qmv over the runs of fp_group_pairs: each share multiplies a run's rows
+// Up to kBlockGroupMaxPairs pairs grouped by one warp, a pair a lane, into
+// `runs` (each expert's lanes, or the bin past the experts, cut into runs of
+// up to run_rows in the order of the bins' first lanes) and `order` (the
+// pairs of a bin together); the run count goes to `run_count`.
+__device__ __forceinline__ void group_pairs_in_warp(
+    const QmmArgs& args, PairRun* runs, uint32_t* order, uint32_t* run_count) {
+  constexpr uint32_t all = 0xFFFFFFFFu;
+  const uint32_t lane = threadIdx.x % kWarpSize;
+  const uint32_t run_rows = uint32_t(args.run_rows);
+  const uint32_t bin = lane < args.batch_count ? min(args.rhs_indices[lane],
+                                                     uint32_t(args.w_matrices))
+                                               : ~0u;
+  const uint32_t peers = __match_any_sync(all, bin);
+  const uint32_t leader = __ffs(peers) - 1;
+  const bool leads = bin != ~0u && leader == lane;
+  const uint32_t pairs = leads ? __popc(peers) : 0;
+  const uint32_t bin_runs = (pairs + run_rows - 1) / run_rows;
+  // The leaders' pairs and runs before each lane (inclusive scans, minus its
+  // own).
+  uint32_t pairs_through = pairs;
+  uint32_t runs_through = bin_runs;
+  for (int offset = 1; offset < kWarpSize; offset *= 2) {
+    const uint32_t pairs_before = __shfl_up_sync(all, pairs_through, offset);
+    const uint32_t runs_before = __shfl_up_sync(all, runs_through, offset);
+    if (lane >= offset) {
+      pairs_through += pairs_before;
+      runs_through += runs_before;
+    }
+  }
+  const uint32_t first_pair = __shfl_sync(all, pairs_through - pairs, leader);
+  if (bin != ~0u) {
+    order[first_pair + __popc(peers & ((1u << lane) - 1))] = lane;
+  }
+  const uint32_t first_run = runs_through - bin_runs;
+  for (uint32_t r = 0; r < bin_runs; ++r) {
+    runs[first_run + r] = PairRun{
+        first_pair + r * run_rows, min(run_rows, pairs - r * run_rows), bin, 0};
+  }
+  if (lane == kWarpSize - 1) {
+    *run_count = runs_through;
+  }
+}
+
+// fp_qmv over the runs of fp_group_pairs (or, up to kBlockGroupMaxPairs
+// pairs, of the block's own grouping): each share multiplies a run's rows
 // of x (up to x_blocks * 8), gathered, by a tile of its expert's rows of W.
 // The blocks run at once (the plan's grid), each taking every gridDim.x-th
 // share, so that a share's first loads are in flight while the block
@@ -712,13 +756,26 @@ __global__ void __launch_bounds__(
   using Share = QmvShare<T, encoding, GatheredRows>;
   extern __shared__ float4 shared_floats[];
   auto* reduction = reinterpret_cast<float*>(shared_floats);
+  __shared__ PairRun block_runs[kBlockGroupMaxPairs];
+  __shared__ uint32_t block_order[kBlockGroupMaxPairs];
+  __shared__ uint32_t block_run_count;
+  const bool grouped_here = args.pair_runs == nullptr;
+  if (grouped_here) {
+    if (threadIdx.x < kWarpSize) {
+      group_pairs_in_warp(args, block_runs, block_order, &block_run_count);
+    }
+    __syncthreads();
+  }
+  const PairRun* runs = grouped_here ? block_runs : args.pair_runs;
+  const uint32_t* order = grouped_here ? block_order : args.pair_order;
   const MatrixSizes sizes = matrix_sizes<bits>(args);
   const uint64_t row_blocks =
       (args.N + kQmvGroupedRowsPerBlock - 1) / kQmvGroupedRowsPerBlock;
-  const uint64_t shares = *args.run_count * row_blocks;
+  const uint64_t shares =
+      (grouped_here ? block_run_count : *args.run_count) * row_blocks;
   uint64_t index = blockIdx.x;
   auto share_at = [&](uint64_t i) {
-    const PairRun run = args.pair_runs[i / row_blocks];
+    const PairRun run = runs[i / row_blocks];
     // Without matrices of x every row is NaN and nothing of x is read.
     return Share{
         expert_operands<T, encoding>(
@@ -728,7 +785,7 @@ __global__ void __launch_bounds__(
             static_cast<const T*>(args.x),
             run.expert < uint32_t(args.w_matrices) && args.x_matrices > 0),
         GatheredRows{
-            args.pair_order + run.first,
+            order + run.first,
             args.lhs_indices,
             args.lhs_divisor,
             uint32_t(args.x_matrices)},

@@ -309,6 +309,11 @@ inline constexpr int64_t kGroupMaxPairs = int64_t(1) << 28;
 inline constexpr int kGroupSharedBytes =
     2 * (kGroupMaxExperts + 1) * 4 + kGroupThreads * 8;
 
+// Up to this many pairs (a warp's lanes) fp_qmv_grouped groups them itself,
+// once a block, without fp_group_pairs (QmmArgs::pair_runs null), which
+// spares that launch and the wait for it.
+inline constexpr int kBlockGroupMaxPairs = 32;
+
 // A run of pairs of one expert: order[first, first + count) are the pairs,
 // `expert` their W matrix (w_matrices or more: out of range).
 struct PairRun {
@@ -378,7 +383,8 @@ struct QmmArgs {
   int split_k;       // 1: no split
   int split_k_step;  // codes of K per split, a multiple of the stage
   // Grouped gather's scratch, written by fp_group_pairs: the pairs in order
-  // of their experts, the runs (of up to run_rows pairs) and their number.
+  // of their experts, the runs (of up to run_rows pairs) and their number;
+  // null where fp_qmv_grouped's blocks group the pairs themselves.
   int run_rows;
   uint32_t* pair_order;
   PairRun* pair_runs;

@@ -791,6 +791,27 @@ std::vector<Case> test_cases() {
       }
     }
   }
+  // Up to kBlockGroupMaxPairs pairs each block of fp_qmv_grouped groups them
+  // itself: all 32 over 1, 2 or 4 experts (an expert's pairs in several runs
+  // of 8, or of 16 with float32 x), out-of-range ones among them, several
+  // shares a block.
+  for (const int experts : {1, 2, 4}) {
+    for (auto style : {Case::Indices::random, Case::Indices::sorted,
+                       Case::Indices::out_of_range}) {
+      for (const auto& type : {kTypes[0], kTypes[2]}) {
+        Case g = gather_300(kModes[0], type, " gather", style);
+        g.name = name(kModes[0], type.second, true, 1, 4096, 256,
+                      " gather 32 pairs " + std::to_string(experts) + " " +
+                          std::to_string(int(style)));
+        g.N = 4096;
+        g.K = 256;
+        g.pairs = fpqmm::cuda::kBlockGroupMaxPairs;
+        g.x_matrices = 5;
+        g.w_matrices = experts;
+        cases.push_back(g);
+      }
+    }
+  }
   // fp_qmm_wgmma (sm_90): x rows past M in the last tile of 128, W rows past
   // N, K split over a small grid, blocks of 256 W rows on a large one (over
   // two blocks of rows of x at 200 x 8576); blocks

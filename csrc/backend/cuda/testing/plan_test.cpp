@@ -877,6 +877,22 @@ int main() {
   check(
       auto_plan(few_row_tiles, h200).main.grid[0] == 2 * sparse_runs,
       "grouped gather, fewer tiles than blocks at once");
+  // Up to kBlockGroupMaxPairs pairs fp_qmv_grouped's blocks group them: no
+  // grouping launch, no scratch; fp_qmm_grouped keeps fp_group_pairs.
+  auto few_pairs = sparse;
+  few_pairs.batch_shape = {fpqmm::cuda::kBlockGroupMaxPairs};
+  few_pairs.x_matrices = fpqmm::cuda::kBlockGroupMaxPairs;
+  auto in_block = auto_plan(few_pairs, h200);
+  auto past_block = few_pairs;
+  past_block.batch_shape = {fpqmm::cuda::kBlockGroupMaxPairs + 1};
+  past_block.x_matrices = fpqmm::cuda::kBlockGroupMaxPairs + 1;
+  check(
+      in_block.key.family == cu::KernelFamily::qmv_grouped &&
+          !in_block.grouping && in_block.grouping_bytes == 0 &&
+          in_block.note.find("grouped in each block") != std::string::npos &&
+          auto_plan(past_block, h200).grouping &&
+          cu::plan(few_pairs, h200, cu::KernelRequest::tiled).grouping,
+      "grouped gather of up to 32 pairs: grouped in each block");
   // float32 x (no fp_qmm) from 8 pairs an expert: runs of 16.
   auto dense_f32 = sparse;
   dense_f32.x_type = FloatType::float32;
