@@ -294,7 +294,8 @@ struct KernelPlan {
   std::optional<Launch> reduction;
   // The grouped path: `grouping` (fp_group_pairs) runs first and writes
   // grouping_bytes of scratch (fpqmm::cuda::place_grouping_scratch's layout,
-  // room for max_runs runs).
+  // room for max_runs runs); none where fp_qmv_grouped's blocks group the
+  // pairs themselves (up to kBlockGroupMaxPairs).
   std::optional<Launch> grouping;
   int64_t grouping_bytes = 0;
   int max_runs = 0;
