@@ -598,6 +598,19 @@ def test_gather_out_of_range_indices_give_nan_rows(kernel, monkeypatch):
     np.testing.assert_allclose(y[[0, 3]], on_cpu[[0, 3]], rtol=1e-4, atol=1e-4)
 
 
+def check_routed_gather(x, w_q, scales, rhs, mode, tol):
+    """gather_qmm on the GPU of x (tokens, 1, 1, K) routed by rhs (tokens, top
+    k), whose indices past the experts make NaN rows, against the reference."""
+    tokens, K = x.shape[0], x.shape[-1]
+    y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=mx.array(rhs), mode=mode, stream=GPU)
+    y = np.array(y.astype(mx.float32))
+    valid = rhs < w_q.shape[0]
+    assert np.isnan(y[~valid]).all() and not np.isnan(y[valid]).any()
+    lhs = np.broadcast_to(np.arange(tokens)[:, None], rhs.shape)
+    reference = gather_reference(x.reshape(tokens, 1, K), w_q, scales, lhs[valid], rhs[valid], mode)
+    assert relative_error(mx.array(y[valid]), reference) < tol
+
+
 @pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
 @pytest.mark.parametrize("kernel", ["grouped", "qmv"])
@@ -624,13 +637,7 @@ def test_gather_grouped_unsorted_routes(mode, dtype, kernel, monkeypatch):
     # 18.5 rows an expert take dequantize + gather_mm (MLX's TF32 for float32).
     dequantized = plan["path"] == "dequantize_matmul"
     tol = TF32_TOLERANCE if dequantized and dtype == mx.float32 else TOLERANCE[dtype]
-    y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=mx.array(rhs), mode=mode, stream=GPU)
-    y = np.array(y.astype(mx.float32))
-    valid = rhs < E
-    assert np.isnan(y[~valid]).all() and not np.isnan(y[valid]).any()
-    lhs = np.broadcast_to(np.arange(tokens)[:, None], rhs.shape)
-    reference = gather_reference(x.reshape(tokens, 1, K), w_q, scales, lhs[valid], rhs[valid], mode)
-    assert relative_error(mx.array(y[valid]), reference) < tol
+    check_routed_gather(x, w_q, scales, rhs, mode, tol)
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
@@ -650,13 +657,7 @@ def test_gather_grouped_blocks_take_several_shares(mode, dtype):
     )
     assert plan["kernel"].startswith("fpqmm_qmv_grouped"), plan["note"]
     assert plan["grid"][0] < N // 32 * E, plan
-    y = mlx_fpqmm.gather_qmm(x, w_q, scales, rhs_indices=mx.array(rhs), mode=mode, stream=GPU)
-    y = np.array(y.astype(mx.float32))
-    valid = rhs < E
-    assert np.isnan(y[~valid]).all() and not np.isnan(y[valid]).any()
-    lhs = np.broadcast_to(np.arange(tokens)[:, None], rhs.shape)
-    reference = gather_reference(x.reshape(tokens, 1, K), w_q, scales, lhs[valid], rhs[valid], mode)
-    assert relative_error(mx.array(y[valid]), reference) < TOLERANCE[dtype]
+    check_routed_gather(x, w_q, scales, rhs, mode, TOLERANCE[dtype])
 
 
 def test_gather_grouped_out_of_range_lhs_indices(monkeypatch):
