@@ -248,14 +248,14 @@ def test_gather_dequantizes_from_192_rows_an_expert(pairs, expected, sorted_indi
 @pytest.mark.parametrize(
     "pairs, kernel",
     [
-        (32 * 8 - 1, "fpqmm_qmv_grouped_e2m1_e8m0_bfloat16_x8"),
-        (32 * 8, "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x32"),
+        (32 * 12 - 1, "fpqmm_qmv_grouped_e2m1_e8m0_bfloat16_x8"),
+        (32 * 12, "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x32"),
         (32 * 64, "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x64"),
         (32 * 2048 - 1, "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x64"),
     ],
 )
 def test_bfloat16_gather_takes_block_tiles(pairs, kernel):
-    """bfloat16 x before Hopper: the grouped runs by fp_qmm_grouped from 8 pairs an
+    """bfloat16 x before Hopper: the grouped runs by fp_qmm_grouped from 12 pairs an
     expert (runs of 64 from 64 an expert), dequantize + gather_mm only from 2048 an
     expert."""
     plan = gather_path(pairs, dtype=mx.bfloat16, device="sm_80")
@@ -337,19 +337,20 @@ def test_gather_dequantize_request():
         (33, "grouped"),
         (64, "grouped"),
         (256, "grouped"),
+        (384, "grouped"),
     ],
 )
 def test_gather_groups_pairs_by_expert_from_8_pairs(pairs, expected):
     """Pairs of one row each: below 8 the per-pair decode kernels, then grouped
     by expert: the grouping launch first (up to 32 pairs, none: each block
     groups them), then blocks of 4 warps that walk the tiles of 32 W rows of
-    every run of up to 8 pairs (16 from 8 pairs an expert)."""
+    every run of up to 8 pairs (16 from 12 pairs an expert)."""
     plan = gather_path(pairs, sorted_indices=False)
     assert plan["path"] == expected, plan["note"]
     if expected == "qmv":
         assert plan["grouping"] is None and plan["grouping_bytes"] == 0
         return
-    run_rows = 16 if pairs >= 8 * 32 else 8
+    run_rows = 16 if pairs >= 12 * 32 else 8
     assert plan["kernel"] == f"fpqmm_qmv_grouped_e2m1_e8m0_float32_x{run_rows}"
     runs = -(-pairs // run_rows) + min(33, pairs)
     # The blocks that run at once (4 an SM, 2 with runs of 16), or one per

@@ -476,7 +476,7 @@ void plan_grouped(
   const int qmm_blocks = qmm_x_blocks(pairs_per_expert, true);
   // fp_qmv_grouped: runs of up to 8 pairs (one x block, more blocks an SM)
   // where the experts average fewer than kTiledGroupRows (measured faster at
-  // 1 and 4 pairs an expert; the bound is fp_qmm_grouped's, below which
+  // 1, 4 and 8 pairs an expert; the bound is fp_qmm_grouped's, below which
   // this kernel takes bfloat16 and float16 x); runs of 16 past it (float32
   // x), which read each expert's W half as often.
   const int qmv_blocks =

@@ -125,11 +125,11 @@ std::string wgmma_reason(const QmmProblem& problem, const CudaDevice& device);
 inline constexpr int64_t kGroupedMinPairs = 8;
 // The grouped path multiplies with fp_qmm_grouped (runs of up to 32 or 64
 // pairs) from this many pairs an expert, on average, where fp_qmm runs.
-// Measured on the H200 (docs/cuda-log.md), 32 experts of 2880 x 2880, kernels
-// alone, sorted, fp_qmv_grouped / fp_qmm_grouped: 32 tokens (4 pairs an expert)
-// 111.3 / 111.4 us; 128 tokens (16) fp_qmm_grouped 119.5, fp_qmv_grouped
-// 186.5 in an earlier session's run (not side by side).
-inline constexpr int kTiledGroupRows = 8;
+// Measured on an H100 (docs/cuda-log.md, "Fourth session of 2026-12-06"),
+// 32 experts of 2880 x 2880, top 4, kernels alone, unsorted, fp_qmv_grouped
+// in runs of 8 / fp_qmm_grouped: 64 tokens (8 pairs an expert) 87.4 / 114.9
+// us, 128 tokens (16) 140.5 / 120.5; the lines cross near 12.
+inline constexpr int kTiledGroupRows = 12;
 // ... and with fp_qmm_wgmma_grouped (runs of up to 128 pairs) from this
 // many on sm_90 where it runs (bfloat16 x). Measured on the H200
 // (docs/cuda-log.md), 32 experts of 2880 x 2880, kernels alone, fp_qmm_grouped

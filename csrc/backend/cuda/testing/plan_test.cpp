@@ -438,8 +438,8 @@ int main() {
   };
   check(
       moe(256, 1, 256, true).in_order && !moe(256, 1, 32, true).in_order &&
-          !moe(256, 1, 256, false).in_order && moe(256, 1, 256, true).tiled &&
-          !moe(255, 1, 255, true).tiled &&
+          !moe(256, 1, 256, false).in_order && moe(384, 1, 384, true).tiled &&
+          !moe(383, 1, 383, true).tiled &&
           takes(moe(tiled_rows, 1, tiled_rows, true)) &&
           !takes(moe(tiled_rows - 1, 1, tiled_rows - 1, true)) &&
           !moe_f32(6144, 6144, true).tiled &&
@@ -893,17 +893,17 @@ int main() {
           auto_plan(past_block, h200).grouping &&
           cu::plan(few_pairs, h200, cu::KernelRequest::tiled).grouping,
       "grouped gather of up to 32 pairs: grouped in each block");
-  // float32 x (no fp_qmm) from 8 pairs an expert: runs of 16.
+  // float32 x (no fp_qmm) from 12 pairs an expert: runs of 16.
   auto dense_f32 = sparse;
   dense_f32.x_type = FloatType::float32;
-  dense_f32.batch_shape = {256};
-  dense_f32.x_matrices = 256;
+  dense_f32.batch_shape = {384};
+  dense_f32.x_matrices = 384;
   auto per_run16 = auto_plan(dense_f32, h200);
   check(
       per_run16.main.kernel == "fpqmm_qmv_grouped_e2m1_e8m0_float32_x16" &&
           per_run16.run_rows == 16 &&
           per_run16.main.shared_bytes == 4 * 2 * 2 * 4 * 32 * 4,
-      "grouped gather, float32 x, 8 pairs an expert");
+      "grouped gather, float32 x, 12 pairs an expert");
   check(
       cu::plan(sparse, h200, cu::KernelRequest::tiled).main.kernel ==
           "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x32",
