@@ -616,7 +616,9 @@ void register_metal_bindings(nb::module_& m) {
             ``partials_bytes``, ``reduction`` (the split-K sum launch, or
             ``None``), ``grouping`` and ``grouping_bytes`` (path
             ``"grouped"``: the launch that groups the pairs by expert
-            before the main kernel, and its scratch; else ``None`` and 0),
+            before the main kernel, and its scratch; ``None`` and 0 where
+            the main kernel's blocks group them, up to 32 pairs, and off
+            that path),
             ``x_tiles`` and ``x_tiles_bytes`` (path ``"wgmma"``: the launch
             that lays x out in the kernel's tiles first, and their bytes;
             else ``None`` and 0), ``x_split`` and ``x_split_bytes`` (float32
