@@ -493,14 +493,23 @@ void plan_grouped(
   plan.max_runs = static_cast<int>(runs);
   const int64_t row_blocks =
       ceil_div(p.N, tiled ? fc::kQmmRowsPerBlock : fc::kQmvGroupedRowsPerBlock);
-  const int64_t blocks_at_once =
-      int64_t(device.sm_count) * fc::qmv_grouped_min_blocks(plan.key.x_blocks);
+  // fp_qmm_grouped: a block per tile and run (y loops past its limit);
+  // fp_qmv_grouped: the blocks that run at once, or fewer where the tiles
+  // and runs are fewer.
+  std::array<int, 3> grid{
+      static_cast<int>(row_blocks),
+      static_cast<int>(std::min<int64_t>(runs, kMaxGridYZ)),
+      1};
+  if (!tiled) {
+    const int64_t blocks_at_once =
+        int64_t(device.sm_count) *
+        fc::qmv_grouped_min_blocks(plan.key.x_blocks);
+    grid = {
+        static_cast<int>(std::min(row_blocks * runs, blocks_at_once)), 1, 1};
+  }
   plan.main = Launch{
       kernel_name(plan.key),
-      {static_cast<int>(
-           tiled ? row_blocks : std::min(row_blocks * runs, blocks_at_once)),
-       static_cast<int>(tiled ? std::min<int64_t>(runs, kMaxGridYZ) : 1),
-       1},
+      grid,
       {tiled ? fc::kQmmThreads : fc::kQmvGroupedWarps * fc::kWarpSize, 1, 1},
       tiled ? qmm_shared_bytes(p, format, qmm_blocks)
             : fc::qmv_shared_bytes(

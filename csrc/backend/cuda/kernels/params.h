@@ -312,7 +312,7 @@ inline constexpr int kGroupSharedBytes =
 // Up to this many pairs (a warp's lanes) fp_qmv_grouped groups them itself,
 // once a block, without fp_group_pairs (QmmArgs::pair_runs null), which
 // spares that launch and the wait for it.
-inline constexpr int kBlockGroupMaxPairs = 32;
+inline constexpr int kBlockGroupMaxPairs = kWarpSize;
 
 // A run of pairs of one expert: order[first, first + count) are the pairs,
 // `expert` their W matrix (w_matrices or more: out of range).
