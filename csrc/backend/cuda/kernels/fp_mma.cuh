@@ -254,6 +254,29 @@ __device__ __forceinline__ void transposed_grid(
   }
 }
 
+// A run's matrices: its expert's (without matrices of x every row is NaN
+// and nothing of x is read).
+template <typename T, int encoding>
+__device__ __forceinline__ Operands<T, encoding> run_operands(
+    const QmmArgs& args, const MatrixSizes& sizes, const PairRun& run) {
+  return expert_operands<T, encoding>(
+      args,
+      sizes,
+      run.expert,
+      static_cast<const T*>(args.x),
+      run.expert < uint32_t(args.w_matrices) && args.x_matrices > 0);
+}
+
+// A run's rows of x and y: its pairs, order[run.first, ...).
+__device__ __forceinline__ GatheredRows
+run_rows(const QmmArgs& args, const uint32_t* order, const PairRun& run) {
+  return {
+      order + run.first,
+      args.lhs_indices,
+      args.lhs_divisor,
+      uint32_t(args.x_matrices)};
+}
+
 // The runs of fp_group_pairs that a block of the grouped kernels takes
 // (grid y walks them): body(op, rows, count, r) multiplies run r's `count`
 // rows of x, gathered (`rows`), by its expert's matrices `op`.
@@ -263,19 +286,11 @@ __device__ __forceinline__ void grouped_runs(const QmmArgs& args, Body&& body) {
   const uint32_t runs = *args.run_count;
   for (uint32_t r = blockIdx.y; r < runs; r += gridDim.y) {
     const PairRun run = args.pair_runs[r];
-    // Without matrices of x every row is NaN and nothing of x is read.
-    const auto op = expert_operands<T, encoding>(
-        args,
-        sizes,
-        run.expert,
-        static_cast<const T*>(args.x),
-        run.expert < uint32_t(args.w_matrices) && args.x_matrices > 0);
-    const GatheredRows rows{
-        args.pair_order + run.first,
-        args.lhs_indices,
-        args.lhs_divisor,
-        uint32_t(args.x_matrices)};
-    body(op, rows, int(run.count), r);
+    body(
+        run_operands<T, encoding>(args, sizes, run),
+        run_rows(args, args.pair_order, run),
+        int(run.count),
+        r);
     __syncthreads();
   }
 }

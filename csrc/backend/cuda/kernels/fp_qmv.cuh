@@ -776,19 +776,9 @@ __global__ void __launch_bounds__(
   uint64_t index = blockIdx.x;
   auto share_at = [&](uint64_t i) {
     const PairRun run = runs[i / row_blocks];
-    // Without matrices of x every row is NaN and nothing of x is read.
     return Share{
-        expert_operands<T, encoding>(
-            args,
-            sizes,
-            run.expert,
-            static_cast<const T*>(args.x),
-            run.expert < uint32_t(args.w_matrices) && args.x_matrices > 0),
-        GatheredRows{
-            order + run.first,
-            args.lhs_indices,
-            args.lhs_divisor,
-            uint32_t(args.x_matrices)},
+        run_operands<T, encoding>(args, sizes, run),
+        run_rows(args, order, run),
         int(run.count),
         0,
         int(i % row_blocks) * kQmvGroupedRowsPerBlock,
