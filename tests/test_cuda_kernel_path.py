@@ -336,15 +336,18 @@ def test_gather_dequantize_request():
         (32, "grouped"),
         (33, "grouped"),
         (64, "grouped"),
+        (255, "grouped"),
         (256, "grouped"),
         (384, "grouped"),
+        (512, "grouped"),
     ],
 )
 def test_gather_groups_pairs_by_expert_from_8_pairs(pairs, expected):
     """Pairs of one row each: below 8 the per-pair decode kernels, then grouped
     by expert: the grouping launch first (up to 32 pairs, none: each block
     groups them), then blocks of 4 warps that walk the tiles of 32 W rows of
-    every run of up to 8 pairs (16 from 12 pairs an expert)."""
+    every run of up to 8 pairs (16 from 12 pairs an expert), run by run, or
+    tile by tile where the experts average a run of pairs or more."""
     plan = gather_path(pairs, sorted_indices=False)
     assert plan["path"] == expected, plan["note"]
     if expected == "qmv":
@@ -358,6 +361,7 @@ def test_gather_groups_pairs_by_expert_from_8_pairs(pairs, expected):
     blocks_at_once = 132 * (4 if run_rows == 8 else 2)
     assert plan["grid"] == (min(2880 // 32 * runs, blocks_at_once), 1, 1)
     assert plan["block"] == (128, 1, 1)
+    assert plan["tile_major_shares"] == (pairs >= run_rows * 32)
     if pairs <= 32:
         # A warp of each block groups them: no grouping launch, no scratch.
         assert plan["grouping"] is None and plan["grouping_bytes"] == 0

@@ -364,6 +364,7 @@ nb::dict cuda_plan_dict(
   result["grouping"] =
       plan.grouping ? nb::object(launch_dict(*plan.grouping)) : nb::none();
   result["grouping_bytes"] = plan.grouping_bytes;
+  result["tile_major_shares"] = plan.tile_major_shares;
   result["x_tiles"] =
       plan.x_tiles ? nb::object(launch_dict(*plan.x_tiles)) : nb::none();
   result["x_tiles_bytes"] = plan.x_tiles_bytes;
@@ -618,7 +619,10 @@ void register_metal_bindings(nb::module_& m) {
             ``"grouped"``: the launch that groups the pairs by expert
             before the main kernel, and its scratch; ``None`` and 0 where
             the main kernel's blocks group them, up to 32 pairs, and off
-            that path),
+            that path), ``tile_major_shares`` (path ``"grouped"`` with the
+            decode kernel: its blocks take the runs' tiles tile by tile,
+            where the experts average a run of pairs or more, rather than run by
+            run),
             ``x_tiles`` and ``x_tiles_bytes`` (path ``"wgmma"``: the launch
             that lays x out in the kernel's tiles first, and their bytes;
             else ``None`` and 0), ``x_split`` and ``x_split_bytes`` (float32

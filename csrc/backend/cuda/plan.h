@@ -300,6 +300,8 @@ struct KernelPlan {
   int64_t grouping_bytes = 0;
   int max_runs = 0;
   int run_rows = 0;  // pairs per run at most
+  // fp_qmv_grouped's shares tile by tile over every run (QmmArgs's rule).
+  bool tile_major_shares = false;
   // The wgmma path: `x_tiles` (fp_wgmma_tile_x) runs first and writes x in
   // its tiles into x_tiles_bytes of scratch.
   std::optional<Launch> x_tiles;

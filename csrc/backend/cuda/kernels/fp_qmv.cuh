@@ -771,17 +771,19 @@ __global__ void __launch_bounds__(
   const MatrixSizes sizes = matrix_sizes<bits>(args);
   const uint64_t row_blocks =
       (args.N + kQmvGroupedRowsPerBlock - 1) / kQmvGroupedRowsPerBlock;
-  const uint64_t shares =
-      (grouped_here ? block_run_count : *args.run_count) * row_blocks;
+  const uint64_t run_count = grouped_here ? block_run_count : *args.run_count;
+  const uint64_t shares = run_count * row_blocks;
   uint64_t index = blockIdx.x;
   auto share_at = [&](uint64_t i) {
-    const PairRun run = runs[i / row_blocks];
+    const bool tile_major = args.tile_major_shares;
+    const PairRun run = runs[tile_major ? i % run_count : i / row_blocks];
+    const uint64_t tile = tile_major ? i / run_count : i % row_blocks;
     return Share{
         run_operands<T, encoding>(args, sizes, run),
         run_rows(args, order, run),
         int(run.count),
         0,
-        int(i % row_blocks) * kQmvGroupedRowsPerBlock,
+        int(tile) * kQmvGroupedRowsPerBlock,
         0,
         args.K,
         static_cast<T*>(args.y),

@@ -386,6 +386,10 @@ struct QmmArgs {
   // of their experts, the runs (of up to run_rows pairs) and their number;
   // null where fp_qmv_grouped's blocks group the pairs themselves.
   int run_rows;
+  // fp_qmv_grouped: its shares ordered tile by tile over every run (1), not
+  // run by run (0), so that the runs of one expert read a tile at about the
+  // same time, the later ones from L2.
+  int tile_major_shares;
   uint32_t* pair_order;
   PairRun* pair_runs;
   uint32_t* run_count;

@@ -904,6 +904,25 @@ int main() {
           per_run16.run_rows == 16 &&
           per_run16.main.shared_bytes == 4 * 2 * 2 * 4 * 32 * 4,
       "grouped gather, float32 x, 12 pairs an expert");
+  // fp_qmv_grouped's shares tile by tile where the experts average a run or
+  // more: 8 pairs an expert in runs of 8, 16 in runs of 16.
+  auto full_runs = sparse;
+  full_runs.batch_shape = {8 * 32};
+  full_runs.x_matrices = 8 * 32;
+  auto full_runs_f32 = dense_f32;
+  full_runs_f32.batch_shape = {16 * 32};
+  full_runs_f32.x_matrices = 16 * 32;
+  const auto tile_major = auto_plan(full_runs, h200);
+  check(
+      tile_major.tile_major_shares &&
+          cu::kernel_args(full_runs, tile_major).tile_major_shares == 1 &&
+          auto_plan(full_runs_f32, h200).tile_major_shares &&
+          !per_run.tile_major_shares &&
+          cu::kernel_args(sparse, per_run).tile_major_shares == 0 &&
+          !per_run16.tile_major_shares &&
+          !cu::plan(full_runs, h200, cu::KernelRequest::tiled)
+               .tile_major_shares,
+      "grouped gather: shares tile by tile from a run's pairs an expert");
   check(
       cu::plan(sparse, h200, cu::KernelRequest::tiled).main.kernel ==
           "fpqmm_qmm_grouped_e2m1_e8m0_bfloat16_x32",
