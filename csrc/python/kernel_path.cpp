@@ -620,8 +620,8 @@ void register_metal_bindings(nb::module_& m) {
             before the main kernel, and its scratch; ``None`` and 0 where
             the main kernel's blocks group them, up to 32 pairs, and off
             that path), ``tile_major_shares`` (path ``"grouped"`` with the
-            decode kernel: its blocks take the runs' tiles tile by tile,
-            where the experts average a run of pairs or more, rather than run by
+            decode kernel: its blocks take the runs' tiles tile by tile
+            where the experts average a run of pairs or more, else run by
             run),
             ``x_tiles`` and ``x_tiles_bytes`` (path ``"wgmma"``: the launch
             that lays x out in the kernel's tiles first, and their bytes;

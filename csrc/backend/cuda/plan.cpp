@@ -493,7 +493,8 @@ void plan_grouped(
   // H100 (docs/cuda-log.md, "Fifth session of 2026-12-06"), runs of 8,
   // kernels alone, run by run / tile by tile: 64 tokens (8 pairs an expert)
   // 87.2 / 83.8 us unsorted, 88.9 / 84.6 sorted; 32 tokens (4) 67.4 / 68.7;
-  // 8 tokens (1) 46.4 / 47.2.
+  // 8 tokens (1) 46.4 / 47.2. Runs of 16 (float32 x) follow the same rule,
+  // not timed.
   plan.tile_major_shares = !tiled && pairs_per_expert >= plan.run_rows;
   const int64_t runs =
       fc::max_pair_runs(plan.batch_count, p.w_matrices, plan.run_rows);
