@@ -642,12 +642,14 @@ def test_gather_grouped_unsorted_routes(mode, dtype, kernel, monkeypatch):
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=DTYPE_NAMES.get)
-def test_gather_grouped_blocks_take_several_shares(mode, dtype):
+@pytest.mark.parametrize("tokens", [16, 32])
+def test_gather_grouped_blocks_take_several_shares(mode, dtype, tokens):
     """fp_qmv_grouped's blocks walk more tiles of W rows times runs than run at
     once, each share's first loads in flight while the one before is stored:
-    16 tokens, top 4 of 16 experts and an out-of-range index (NaN runs among
-    the others), 4096 W rows."""
-    E, N, K, tokens = 16, 4096, 512, 16
+    16 or 32 tokens, top 4 of 16 experts and an out-of-range index (NaN runs
+    among the others), 4096 W rows. At 32 tokens (8 pairs an expert, many in
+    two runs) the shares go tile by tile over the runs, at 16 run by run."""
+    E, N, K = 16, 4096, 512
     w_q, scales, _ = quantized_experts(mode, E, N, K)
     rng = np.random.default_rng(5)
     rhs = np.stack([rng.permutation(E + 1)[:4] for _ in range(tokens)]).astype(np.uint32)
@@ -657,6 +659,7 @@ def test_gather_grouped_blocks_take_several_shares(mode, dtype):
     )
     assert plan["kernel"].startswith("fpqmm_qmv_grouped"), plan["note"]
     assert plan["grid"][0] < N // 32 * E, plan
+    assert plan["tile_major_shares"] == (tokens == 32), plan
     check_routed_gather(x, w_q, scales, rhs, mode, TOLERANCE[dtype])
 
 

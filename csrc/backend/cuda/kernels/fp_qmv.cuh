@@ -756,6 +756,7 @@ __global__ void __launch_bounds__(
   using Share = QmvShare<T, encoding, GatheredRows>;
   extern __shared__ float4 shared_floats[];
   auto* reduction = reinterpret_cast<float*>(shared_floats);
+  // At most a run a pair.
   __shared__ PairRun block_runs[kBlockGroupMaxPairs];
   __shared__ uint32_t block_order[kBlockGroupMaxPairs];
   __shared__ uint32_t block_run_count;
