@@ -76,7 +76,9 @@ __device__ __forceinline__ void wait_async() {
 // the block calls it, and the sums go to y, or to float32 partials with
 // split K. `rows` says where x's and y's rows are. W, x and the scales are
 // 16-, 16- and 4-byte aligned, rows of W whole 16-byte vectors (the plan's
-// rules).
+// rules). Every block of 8 rows of x is multiplied, those past M too (zeros,
+// their sums never stored): testing each against M cost more instructions
+// and registers than their mma steps.
 template <
     typename T,
     int bits,
@@ -115,8 +117,6 @@ __device__ __forceinline__ void fp_qmm_impl(
   const int64_t scales_per_row = K >> group_shift;
   const int stage_count =
       op.valid ? (k_end - k_begin + Stage::codes - 1) / Stage::codes : 0;
-  const int live_blocks =
-      min(x_blocks, (M - m0 + kXBlockRows - 1) / kXBlockRows);
   const auto* w_bytes = reinterpret_cast<const uint8_t*>(op.w);
   const auto* scale_bytes = reinterpret_cast<const uint8_t*>(op.scales);
 
@@ -244,15 +244,11 @@ __device__ __forceinline__ void fp_qmm_impl(
     }
     uint4 x_units[x_blocks];
     multiply_chunk<T, bits, encoding>(
-        sums,
-        codes,
-        scales,
-        two_steps,
-        [&](int word, auto& x_word) {
+        sums, codes, scales, two_steps, [&](int word, auto& x_word) {
           const int unit = word / words_per_unit;
 #pragma unroll
           for (int b = 0; b < x_blocks; ++b) {
-            if (word % words_per_unit == 0 && b < live_blocks) {
+            if (word % words_per_unit == 0) {
               const int row = b * kXBlockRows + lane.group;
               x_units[b] = *reinterpret_cast<const uint4*>(
                   slot + Stage::x_offset + row * Stage::x_row_bytes +
@@ -263,8 +259,7 @@ __device__ __forceinline__ void fp_qmm_impl(
             x_word[b] = reinterpret_cast<const uint32_t*>(&x_units[b]) +
                         word % words_per_unit * x_word_words;
           }
-        },
-        live_blocks);
+        });
   };
 
 #pragma unroll

@@ -186,15 +186,13 @@ multipliers_for(GroupScale<encoding> scale) {
 // The mma steps, in H, of one 32-bit word of codes of each of a lane's
 // rows: codes[t][h] is tile t's row h's word, its pairs times
 // multipliers[t][h] (both of them where `two`), and x_words[b] x's words
-// over the same codes in x block b, as loaded. Blocks from `live_blocks` on
-// are left out.
+// over the same codes in x block b, as loaded.
 template <typename T, typename H, int bits, bool two, int tiles, int x_blocks>
 __device__ __forceinline__ void multiply_word(
     float (&sums)[tiles][x_blocks][4],
     const uint32_t (&codes)[tiles][2],
     const Multipliers (&multipliers)[tiles][2],
-    const uint32_t* const (&x_words)[x_blocks],
-    int live_blocks = x_blocks) {
+    const uint32_t* const (&x_words)[x_blocks]) {
   constexpr int steps_per_word = 32 / bits / 4;
 #pragma unroll
   for (int s = 0; s < steps_per_word; ++s) {
@@ -202,11 +200,9 @@ __device__ __forceinline__ void multiply_word(
     uint32_t b_parts[x_blocks][2][kXParts<T, H>];
 #pragma unroll
     for (int b = 0; b < x_blocks; ++b) {
-      if (b < live_blocks) {
 #pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          x_pair<T, H, bits>(x_words[b], 2 * s + q, b_parts[b][q]);
-        }
+      for (int q = 0; q < 2; ++q) {
+        x_pair<T, H, bits>(x_words[b], 2 * s + q, b_parts[b][q]);
       }
     }
 #pragma unroll
@@ -228,13 +224,11 @@ __device__ __forceinline__ void multiply_word(
       }
 #pragma unroll
       for (int b = 0; b < x_blocks; ++b) {
-        if (b < live_blocks) {
 #pragma unroll
-          for (int part = 0; part < kXParts<T, H>; ++part) {
-            const uint32_t b_fragment[2] = {
-                b_parts[b][0][part], b_parts[b][1][part]};
-            mma_step<H>(sums[t][b], a, b_fragment);
-          }
+        for (int part = 0; part < kXParts<T, H>; ++part) {
+          const uint32_t b_fragment[2] = {
+              b_parts[b][0][part], b_parts[b][1][part]};
+          mma_step<H>(sums[t][b], a, b_fragment);
         }
       }
     }
@@ -263,8 +257,7 @@ __device__ __forceinline__ void for_each_group(F&& f) {
 // their HalfWindow), else in bfloat16, in two steps where any lane of the
 // warp needs them (`two_steps` is this lane's say). x_words(word, x_word)
 // points x_word[b] at x's words over word `word`'s codes in x block b, so
-// that a kernel can load them as it goes. Blocks from `live_blocks` on are
-// left out.
+// that a kernel can load them as it goes.
 template <
     typename T,
     int bits,
@@ -278,8 +271,7 @@ __device__ __forceinline__ void multiply_chunk(
     const uint4 (&codes)[tiles][2],
     const GroupScale<encoding> (&scales)[tiles][2][groups],
     bool two_steps,
-    XWords&& x_words,
-    int live_blocks = x_blocks) {
+    XWords&& x_words) {
   auto multiply = [&](auto code_type, auto two_steps_constant) {
     using H = typename decltype(code_type)::type;
     constexpr bool two = decltype(two_steps_constant)::value;
@@ -302,8 +294,7 @@ __device__ __forceinline__ void multiply_chunk(
       }
       const uint32_t* x_word[x_blocks];
       x_words(word, x_word);
-      multiply_word<T, H, bits, two>(
-          sums, words, word_multipliers, x_word, live_blocks);
+      multiply_word<T, H, bits, two>(sums, words, word_multipliers, x_word);
     }
   };
   constexpr std::type_identity<__half> half_codes;
