@@ -8,6 +8,8 @@
 // pairs are fp_qmv's (fp_qmv.cuh).
 #pragma once
 
+#include <utility>
+
 #include "backend/cuda/kernels/fp_qmv.cuh"
 
 namespace fpqmm::cuda {
@@ -78,12 +80,14 @@ __device__ __forceinline__ void wait_async() {
 // 16-, 16- and 4-byte aligned, rows of W whole 16-byte vectors (the plan's
 // rules). Every block of 8 rows of x is multiplied, those past M too (zeros,
 // their sums never stored): testing each against M cost more instructions
-// and registers than their mma steps.
+// and registers than their mma steps. The ring has `stages` slots of this
+// x_blocks' stages (fewer blocks than the kernel's fit its kernel's ring).
 template <
     typename T,
     int bits,
     int encoding,
     int x_blocks,
+    int stages = qmm_stages(bits, x_blocks),
     typename Rows = ContiguousRows>
 __device__ __forceinline__ void fp_qmm_impl(
     const QmmArgs& args,
@@ -99,7 +103,6 @@ __device__ __forceinline__ void fp_qmm_impl(
     const Rows& rows = {}) {
   using Stage = QmmStage<T, bits, encoding, x_blocks>;
   using S = typename Stage::S;
-  constexpr int stages = qmm_stages(bits, x_blocks);
   constexpr int tiles = kQmmTilesPerWarp;
   constexpr int groups = kChunkGroups<bits, encoding>;
   constexpr int chunk_codes = 128 / bits;
@@ -127,19 +130,33 @@ __device__ __forceinline__ void fp_qmm_impl(
   const int w_unit_index = threadIdx.x % Stage::w_row_units;
   const int w_first_row = threadIdx.x / Stage::w_row_units;
   constexpr int x_row_step = kQmmThreads / Stage::x_row_units;
-  constexpr int x_copies = x_blocks * kXBlockRows / x_row_step;
+  constexpr int x_copies =
+      (x_blocks * kXBlockRows + x_row_step - 1) / x_row_step;
   const int x_unit_index = threadIdx.x % Stage::x_row_units;
   const int x_first_row = threadIdx.x / Stage::x_row_units;
+  // Whether copy c of this thread is a row of the stage (x_blocks * 8 rows
+  // need not be a whole number of steps).
+  auto x_copy_in_stage = [&](int c) {
+    return (x_blocks * kXBlockRows) % x_row_step == 0 ||
+           x_first_row + c * x_row_step < x_blocks * kXBlockRows;
+  };
   int64_t x_offsets[x_copies];
   bool x_row_in[x_copies];
 #pragma unroll
   for (int c = 0; c < x_copies; ++c) {
     const int m = m0 + x_first_row + c * x_row_step;
-    x_row_in[c] = m < M;
+    x_row_in[c] = m < M && x_copy_in_stage(c);
     x_offsets[c] = x_row_in[c] ? rows.x(m) * K : 0;
   }
   constexpr int scale_copies =
       (kQmmRowsPerBlock * Stage::scale_words + kQmmThreads - 1) / kQmmThreads;
+
+  // Where this thread's copy c of a unit of x goes in a stage's slot.
+  auto x_copy_at = [&](uint8_t* slot, int c) {
+    const int row = x_first_row + c * x_row_step;
+    return slot + Stage::x_offset + row * Stage::x_row_bytes +
+           Stage::x_unit(row, x_unit_index) * 16;
+  };
 
   auto issue = [&](int stage) {
     const int k0 = k_begin + stage * Stage::codes;
@@ -157,14 +174,14 @@ __device__ __forceinline__ void fp_qmm_impl(
     }
 #pragma unroll
     for (int c = 0; c < x_copies; ++c) {
-      const int row = x_first_row + c * x_row_step;
       const int k = k0 + x_unit_index * unit_codes;
       const bool in = x_row_in[c] && k < k_end;
-      copy_async<16>(
-          slot + Stage::x_offset + row * Stage::x_row_bytes +
-              Stage::x_unit(row, x_unit_index) * 16,
-          in ? op.x + x_offsets[c] + k : op.x,
-          in ? 16 : 0);
+      if (x_copy_in_stage(c)) {
+        copy_async<16>(
+            x_copy_at(slot, c),
+            in ? op.x + x_offsets[c] + k : op.x,
+            in ? 16 : 0);
+      }
     }
     // The words over each row's groups of the stage, bytes past them (the
     // next row's, or past K) zero-filled.
@@ -243,7 +260,7 @@ __device__ __forceinline__ void fp_qmm_impl(
       }
     }
     uint4 x_units[x_blocks];
-    multiply_chunk<T, bits, encoding>(
+    multiply_chunk<T, bits, encoding, true>(
         sums, codes, scales, two_steps, [&](int word, auto& x_word) {
           const int unit = word / words_per_unit;
 #pragma unroll
@@ -271,6 +288,16 @@ __device__ __forceinline__ void fp_qmm_impl(
   }
   for (int s = 0; s < stage_count; ++s) {
     wait_async<stages - 2>();
+    // This thread's units of x of stage s have landed: in pair order once,
+    // for every warp that reads them.
+    uint8_t* slot = shared + s % stages * Stage::bytes;
+#pragma unroll
+    for (int c = 0; c < x_copies; ++c) {
+      if (x_copy_in_stage(c)) {
+        auto* unit = reinterpret_cast<uint4*>(x_copy_at(slot, c));
+        *unit = paired_x_unit<bits>(*unit);
+      }
+    }
     // Stage s has landed for every thread, and every warp is done with
     // stage s - 1, whose slot the next copies fill.
     __syncthreads();
@@ -278,7 +305,7 @@ __device__ __forceinline__ void fp_qmm_impl(
       issue(s + stages - 1);
     }
     commit_async();
-    compute(shared + s % stages * Stage::bytes, k_begin + s * Stage::codes);
+    compute(slot, k_begin + s * Stage::codes);
   }
   wait_async<0>();
 
@@ -323,8 +350,24 @@ __global__ void __launch_bounds__(kQmmThreads, qmm_min_blocks(x_blocks))
       });
 }
 
+// f(blocks) for the blocks of 8 rows that `rows` rows of x fill, as a
+// constant (one instantiation each): a multiple of x_blocks / 4 up to
+// x_blocks (rows <= x_blocks * 8).
+template <int x_blocks, typename F>
+__device__ __forceinline__ void with_live_blocks(int rows, F&& f) {
+  constexpr int step = x_blocks / 4;
+  const int steps = (rows + step * kXBlockRows - 1) / (step * kXBlockRows);
+  [&]<int... i>(std::integer_sequence<int, i...>) {
+    ((steps == i + 1 ? f(std::integral_constant<int, (i + 1) * step>{})
+                     : void()),
+     ...);
+  }(std::make_integer_sequence<int, 4>{});
+}
+
 // fp_qmm over the runs of fp_group_pairs (grid y walks them): each block
-// multiplies a run's rows of x, gathered, by its expert's rows of W.
+// multiplies a run's rows of x, gathered, by its expert's rows of W, in the
+// blocks of 8 rows that the run fills: a run of 16 in a kernel of 32 rows
+// copies and multiplies 16 (in as many slots as the kernel's ring).
 template <typename T, int bits, int encoding, int x_blocks>
 __global__ void __launch_bounds__(kQmmThreads, qmm_min_blocks(x_blocks))
     fp_qmm_grouped(const QmmArgs args) {
@@ -333,18 +376,25 @@ __global__ void __launch_bounds__(kQmmThreads, qmm_min_blocks(x_blocks))
   const int n0 = blockIdx.x * kQmmRowsPerBlock;
   grouped_runs<T, bits, encoding>(
       args, [&](const auto& op, const GatheredRows& rows, int count, uint32_t) {
-        fp_qmm_impl<T, bits, encoding, x_blocks>(
-            args,
-            op,
-            shared,
-            count,
-            0,
-            n0,
-            0,
-            args.K,
-            static_cast<T*>(args.y),
-            nullptr,
-            rows);
+        with_live_blocks<x_blocks>(count, [&](auto live_blocks) {
+          fp_qmm_impl<
+              T,
+              bits,
+              encoding,
+              live_blocks,
+              qmm_stages(bits, x_blocks)>(
+              args,
+              op,
+              shared,
+              count,
+              0,
+              n0,
+              0,
+              args.K,
+              static_cast<T*>(args.y),
+              nullptr,
+              rows);
+        });
       });
 }
 

@@ -148,20 +148,48 @@ __device__ __forceinline__ void split_pair(
       a == rest_a ? 0.0f : a - rest_a, b == rest_b ? 0.0f : b - rest_b));
 }
 
+// 16-bit x's values of codes p and p + 16 / bits of a word of codes (as
+// decode_pair pairs the codes) as one word: `words` are x's words over the
+// word's codes, as loaded.
+template <int bits>
+__device__ __forceinline__ uint32_t x_pair_word(const uint32_t* words, int p) {
+  constexpr int stride = 16 / bits;
+  return __byte_perm(
+      words[p / 2], words[(p + stride) / 2], p % 2 ? 0x7632 : 0x5410);
+}
+
+// A 16-byte unit of 16-bit x in pair order: word p of each word of codes'
+// words is its pair p (x_pair_word), so that x_pair reads it as it is.
+template <int bits>
+__device__ __forceinline__ uint4 paired_x_unit(uint4 unit) {
+  constexpr int pairs = 16 / bits;
+  const auto* words = reinterpret_cast<const uint32_t*>(&unit);
+  uint4 paired;
+  auto* to = reinterpret_cast<uint32_t*>(&paired);
+#pragma unroll
+  for (int first = 0; first < 4; first += pairs) {
+#pragma unroll
+    for (int p = 0; p < pairs; ++p) {
+      to[first + p] = x_pair_word<bits>(words + first, p);
+    }
+  }
+  return paired;
+}
+
 // Pair p of x's values of a word of codes (the values of codes p and p +
 // 16 / bits, as decode_pair pairs the codes), as the mma's B halves of type
-// H: `words` are x's 32-bit words over the word's codes, as loaded.
-template <typename T, typename H, int bits>
+// H: `words` are x's 32-bit words over the word's codes, as loaded, or in
+// pair order (`paired`: paired_x_unit's).
+template <typename T, typename H, int bits, bool paired = false>
 __device__ __forceinline__ void x_pair(
     const uint32_t* words, int p, uint32_t (&parts)[kXParts<T, H>]) {
   constexpr int stride = 16 / bits;
+  static_assert(!paired || !std::is_same_v<T, float>);
   if constexpr (std::is_same_v<T, float>) {
     split_pair(
         __uint_as_float(words[p]), __uint_as_float(words[p + stride]), parts);
   } else {
-    const uint32_t selector = p % 2 ? 0x7632 : 0x5410;
-    const uint32_t pair =
-        __byte_perm(words[p / 2], words[(p + stride) / 2], selector);
+    const uint32_t pair = paired ? words[p] : x_pair_word<bits>(words, p);
     if constexpr (std::is_same_v<T, H>) {
       parts[0] = pair;
     } else {
@@ -187,7 +215,14 @@ multipliers_for(GroupScale<encoding> scale) {
 // rows: codes[t][h] is tile t's row h's word, its pairs times
 // multipliers[t][h] (both of them where `two`), and x_words[b] x's words
 // over the same codes in x block b, as loaded.
-template <typename T, typename H, int bits, bool two, int tiles, int x_blocks>
+template <
+    typename T,
+    typename H,
+    int bits,
+    bool two,
+    bool x_paired,
+    int tiles,
+    int x_blocks>
 __device__ __forceinline__ void multiply_word(
     float (&sums)[tiles][x_blocks][4],
     const uint32_t (&codes)[tiles][2],
@@ -202,7 +237,7 @@ __device__ __forceinline__ void multiply_word(
     for (int b = 0; b < x_blocks; ++b) {
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
-        x_pair<T, H, bits>(x_words[b], 2 * s + q, b_parts[b][q]);
+        x_pair<T, H, bits, x_paired>(x_words[b], 2 * s + q, b_parts[b][q]);
       }
     }
 #pragma unroll
@@ -257,11 +292,12 @@ __device__ __forceinline__ void for_each_group(F&& f) {
 // their HalfWindow), else in bfloat16, in two steps where any lane of the
 // warp needs them (`two_steps` is this lane's say). x_words(word, x_word)
 // points x_word[b] at x's words over word `word`'s codes in x block b, so
-// that a kernel can load them as it goes.
+// that a kernel can load them as it goes, in pair order where `x_paired`.
 template <
     typename T,
     int bits,
     int encoding,
+    bool x_paired = false,
     int tiles,
     int x_blocks,
     int groups,
@@ -294,7 +330,8 @@ __device__ __forceinline__ void multiply_chunk(
       }
       const uint32_t* x_word[x_blocks];
       x_words(word, x_word);
-      multiply_word<T, H, bits, two>(sums, words, word_multipliers, x_word);
+      multiply_word<T, H, bits, two, x_paired>(
+          sums, words, word_multipliers, x_word);
     }
   };
   constexpr std::type_identity<__half> half_codes;
