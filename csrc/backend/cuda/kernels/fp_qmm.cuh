@@ -17,7 +17,8 @@ namespace fpqmm::cuda {
 // One stage in shared memory: the block's rows of W (codes: the two 64-byte
 // rows that a quarter warp reads together fill the 32 banks), the 4-byte
 // words that hold their scales, then the block's rows of x, whose 16-byte
-// units are placed so that the lanes of a quarter warp read distinct banks.
+// units are placed so that the lanes of a quarter warp read distinct banks
+// (and put in pair order, paired_x_unit, once they have landed).
 template <typename T, int bits, int encoding, int x_blocks>
 struct QmmStage {
   using S = typename ScaleStorage<encoding>::type;

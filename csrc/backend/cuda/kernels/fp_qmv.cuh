@@ -214,7 +214,8 @@ multipliers_for(GroupScale<encoding> scale) {
 // The mma steps, in H, of one 32-bit word of codes of each of a lane's
 // rows: codes[t][h] is tile t's row h's word, its pairs times
 // multipliers[t][h] (both of them where `two`), and x_words[b] x's words
-// over the same codes in x block b, as loaded.
+// over the same codes in x block b, as loaded or, where `x_paired`, in pair
+// order.
 template <
     typename T,
     typename H,
