@@ -44,6 +44,8 @@ constexpr std::optional<FloatType> float_type_from_name(std::string_view name) {
 }
 
 // Shared with the GPU kernels (common/scale_encoding.h).
+using fpqmm::kE4M3GroupSize;
+using fpqmm::kE8M0GroupSize;
 using fpqmm::kNvfp4GlobalScaleDivisor;
 using fpqmm::ScaleEncoding;
 
@@ -203,8 +205,8 @@ constexpr Format make_format(
           kBfloat16SignificantBits};
 }
 
-inline constexpr std::array<int, 1> kGroupSizes32 = {32};
-inline constexpr std::array<int, 1> kGroupSizes16 = {16};
+inline constexpr std::array<int, 1> kE8M0GroupSizes = {kE8M0GroupSize};
+inline constexpr std::array<int, 1> kE4M3GroupSizes = {kE4M3GroupSize};
 inline constexpr std::array<int, 4> kFloatScaleGroupSizes = {16, 32, 64, 128};
 
 inline constexpr std::array<Format, 5> kFormats = {{
@@ -213,24 +215,24 @@ inline constexpr std::array<Format, 5> kFormats = {{
         "mxfp4",
         CodeKind::e2m1,
         4,
-        32,
-        kGroupSizes32,
+        kE8M0GroupSize,
+        kE8M0GroupSizes,
         ScaleKind::e8m0),
     make_format(
         Mode::nvfp4,
         "nvfp4",
         CodeKind::e2m1,
         4,
-        16,
-        kGroupSizes16,
+        kE4M3GroupSize,
+        kE4M3GroupSizes,
         ScaleKind::e4m3),
     make_format(
         Mode::mxfp8,
         "mxfp8",
         CodeKind::e4m3,
         8,
-        32,
-        kGroupSizes32,
+        kE8M0GroupSize,
+        kE8M0GroupSizes,
         ScaleKind::e8m0),
     make_format(
         Mode::fp4,

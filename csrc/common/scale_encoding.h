@@ -35,4 +35,9 @@ FPQMM_CONST int kScaleFloat32 = static_cast<int>(ScaleEncoding::float32);
 FPQMM_CONST int kScaleFloat16 = static_cast<int>(ScaleEncoding::float16);
 FPQMM_CONST int kScaleBFloat16 = static_cast<int>(ScaleEncoding::bfloat16);
 
+// The group sizes that byte scales fix: E8M0 scales (the mx formats) cover 32
+// codes, E4M3 scales (nvfp4) 16. Float scales take the product's.
+FPQMM_CONST int kE8M0GroupSize = 32;
+FPQMM_CONST int kE4M3GroupSize = 16;
+
 }  // namespace fpqmm

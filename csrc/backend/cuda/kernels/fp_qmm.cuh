@@ -125,32 +125,51 @@ __device__ __forceinline__ void fp_qmm_impl(
   const auto* scale_bytes = reinterpret_cast<const uint8_t*>(op.scales);
 
   // The copies of this thread: one unit of a row of W and of x each, every
-  // so many rows, and words of the rows' scales.
+  // so many rows, and words of the rows' scales. Each copy's source moves
+  // along its row by a stage a stage (W's by kQmmWRowBytes, x's by
+  // Stage::codes values), so the sources are kept as they are at k_begin.
   constexpr int w_row_step = kQmmThreads / Stage::w_row_units;
   constexpr int w_copies = kQmmRowsPerBlock / w_row_step;
   const int w_unit_index = threadIdx.x % Stage::w_row_units;
   const int w_first_row = threadIdx.x / Stage::w_row_units;
+  const int w_first_k = k_begin + w_unit_index * (128 / bits);
+  const int w_rows_left = N - n0 - w_first_row;
+  const int64_t w_first =
+      (n0 + w_first_row) * w_row_bytes + int64_t(w_first_k) * bits / 8;
+  const int64_t w_copy_step = w_row_step * w_row_bytes;
   constexpr int x_row_step = kQmmThreads / Stage::x_row_units;
   constexpr int x_copies =
       (x_blocks * kXBlockRows + x_row_step - 1) / x_row_step;
   const int x_unit_index = threadIdx.x % Stage::x_row_units;
   const int x_first_row = threadIdx.x / Stage::x_row_units;
+  const int x_first_k = k_begin + x_unit_index * unit_codes;
   // Whether copy c of this thread is a row of the stage (x_blocks * 8 rows
   // need not be a whole number of steps).
   auto x_copy_in_stage = [&](int c) {
     return (x_blocks * kXBlockRows) % x_row_step == 0 ||
            x_first_row + c * x_row_step < x_blocks * kXBlockRows;
   };
-  int64_t x_offsets[x_copies];
+  const T* x_first[x_copies];
   bool x_row_in[x_copies];
 #pragma unroll
   for (int c = 0; c < x_copies; ++c) {
     const int m = m0 + x_first_row + c * x_row_step;
     x_row_in[c] = m < M && x_copy_in_stage(c);
-    x_offsets[c] = x_row_in[c] ? rows.x(m) * K : 0;
+    x_first[c] = x_row_in[c] ? op.x + rows.x(m) * K + x_first_k : op.x;
   }
   constexpr int scale_copies =
       (kQmmRowsPerBlock * Stage::scale_words + kQmmThreads - 1) / kQmmThreads;
+  // Scale copy c: word `word` of block row index / scale_words, whose scales
+  // start at scale_rows[c] (-1 past N, or past the block's rows).
+  int64_t scale_rows[scale_copies];
+#pragma unroll
+  for (int c = 0; c < scale_copies; ++c) {
+    const int index = threadIdx.x + c * kQmmThreads;
+    const int row = index / Stage::scale_words;
+    scale_rows[c] = row < kQmmRowsPerBlock && n0 + row < N
+                        ? (n0 + row) * scales_per_row * int64_t(sizeof(S))
+                        : -1;
+  }
 
   // Where this thread's copy c of a unit of x goes in a stage's slot.
   auto x_copy_at = [&](uint8_t* slot, int c) {
@@ -162,25 +181,25 @@ __device__ __forceinline__ void fp_qmm_impl(
   auto issue = [&](int stage) {
     const int k0 = k_begin + stage * Stage::codes;
     uint8_t* slot = shared + stage % stages * Stage::bytes;
+    const bool w_k_in = w_first_k + stage * Stage::codes < k_end;
+    const int64_t w_stage = w_first + int64_t(stage) * kQmmWRowBytes;
 #pragma unroll
     for (int c = 0; c < w_copies; ++c) {
-      const int row = w_first_row + c * w_row_step;
-      const int n = n0 + row;
-      const int k = k0 + w_unit_index * (128 / bits);
-      const bool in = n < N && k < k_end;
+      const bool in = w_k_in && c * w_row_step < w_rows_left;
       copy_async<16>(
-          slot + row * kQmmWRowBytes + w_unit_index * 16,
-          in ? w_bytes + n * w_row_bytes + k * bits / 8 : w_bytes,
+          slot + (w_first_row + c * w_row_step) * kQmmWRowBytes +
+              w_unit_index * 16,
+          in ? w_bytes + w_stage + c * w_copy_step : w_bytes,
           in ? 16 : 0);
     }
+    const bool x_k_in = x_first_k + stage * Stage::codes < k_end;
 #pragma unroll
     for (int c = 0; c < x_copies; ++c) {
-      const int k = k0 + x_unit_index * unit_codes;
-      const bool in = x_row_in[c] && k < k_end;
+      const bool in = x_row_in[c] && x_k_in;
       if (x_copy_in_stage(c)) {
         copy_async<16>(
             x_copy_at(slot, c),
-            in ? op.x + x_offsets[c] + k : op.x,
+            in ? x_first[c] + stage * Stage::codes : op.x,
             in ? 16 : 0);
       }
     }
@@ -189,26 +208,24 @@ __device__ __forceinline__ void fp_qmm_impl(
     const int first_group = k0 >> group_shift;
     const int end_group =
         ((min(k0 + Stage::codes, k_end) - 1) >> group_shift) + 1;
+    const int group_bytes = (end_group - first_group) * int(sizeof(S));
 #pragma unroll
     for (int c = 0; c < scale_copies; ++c) {
       const int index = threadIdx.x + c * kQmmThreads;
-      const int row = index / Stage::scale_words;
       const int word = index % Stage::scale_words;
-      const int n = n0 + row;
-      if (row < kQmmRowsPerBlock) {
-        const uint8_t* begin =
-            scale_bytes +
-            (n * scales_per_row + first_group) * int64_t(sizeof(S));
-        const uint8_t* end = begin + (end_group - first_group) * int(sizeof(S));
-        const uint8_t* at =
-            reinterpret_cast<const uint8_t*>(
-                reinterpret_cast<uintptr_t>(begin) & ~uintptr_t(3)) +
-            4 * word;
-        const int bytes =
-            n < N ? int(max(int64_t(0), min(int64_t(4), end - at))) : 0;
+      if ((kQmmRowsPerBlock * Stage::scale_words) % kQmmThreads == 0 ||
+          index < kQmmRowsPerBlock * Stage::scale_words) {
+        const uintptr_t begin = reinterpret_cast<uintptr_t>(scale_bytes) +
+                                scale_rows[c] + first_group * int(sizeof(S));
+        const int lead = int(begin & 3);
+        const int bytes = scale_rows[c] < 0
+                              ? 0
+                              : max(0, min(4, group_bytes + lead - 4 * word));
         copy_async<4>(
             slot + Stage::scales_offset + index * 4,
-            bytes > 0 ? at : static_cast<const void*>(args.scales),
+            bytes > 0 ? reinterpret_cast<const void*>(
+                            (begin & ~uintptr_t(3)) + 4 * word)
+                      : static_cast<const void*>(args.scales),
             bytes);
       }
     }
@@ -234,8 +251,32 @@ __device__ __forceinline__ void fp_qmm_impl(
     }
   }
 
+  // This lane's scale of group g of tile t's row h in the slot of the stage
+  // from k0. A row's words start at its first scale's word, `scale_leads`
+  // bytes before it. Where the encoding fixes the group size, which divides
+  // a stage (and k_begin, a whole number of stages), a lane's groups are the
+  // same in every stage and its rows (8 apart) share their lead.
+  constexpr int fixed_group = kEncodingGroupSize<encoding>;
+  auto scale_of = [&](const uint8_t* slot, int k0, int t, int h, int g) {
+    const int lane_code =
+        lane.thread * chunk_codes + g * (chunk_codes / groups);
+    int at;
+    if constexpr (fixed_group > 0) {
+      static_assert(Stage::codes % fixed_group == 0);
+      at = ((scale_leads[0][0] + int(unsigned(k0) / fixed_group * sizeof(S))) &
+            3) +
+           lane_code / fixed_group * int(sizeof(S));
+    } else {
+      const int first_group = k0 >> group_shift;
+      at = ((scale_leads[t][h] + first_group * int(sizeof(S))) & 3) +
+           (((k0 + lane_code) >> group_shift) - first_group) * int(sizeof(S));
+    }
+    return group_scale<encoding>(*reinterpret_cast<const S*>(
+        slot + Stage::scales_offset + w_rows[t][h] * Stage::scale_words * 4 +
+        at));
+  };
+
   auto compute = [&](const uint8_t* slot, int k0) {
-    const int first_group = k0 >> group_shift;
     uint4 codes[tiles][2];
     GroupScale<encoding> scales[tiles][2][groups];
     bool two_steps = false;
@@ -246,16 +287,9 @@ __device__ __forceinline__ void fp_qmm_impl(
         const int row = w_rows[t][h];
         codes[t][h] = *reinterpret_cast<const uint4*>(
             slot + row * kQmmWRowBytes + lane.thread * 16);
-        const uint8_t* row_scales =
-            slot + Stage::scales_offset + row * Stage::scale_words * 4 +
-            ((scale_leads[t][h] + first_group * int(sizeof(S))) & 3);
 #pragma unroll
         for (int g = 0; g < groups; ++g) {
-          const int k =
-              k0 + lane.thread * chunk_codes + g * (chunk_codes / groups);
-          scales[t][h][g] = group_scale<encoding>(*reinterpret_cast<const S*>(
-              row_scales +
-              ((k >> group_shift) - first_group) * int(sizeof(S))));
+          scales[t][h][g] = scale_of(slot, k0, t, h, g);
           two_steps |= needs_two_steps<bits, encoding>(scales[t][h][g]);
         }
       }

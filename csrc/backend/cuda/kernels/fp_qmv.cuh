@@ -33,6 +33,13 @@ __device__ __forceinline__ float power_of_two(int exponent) {
 template <int bits, int encoding>
 inline constexpr int kChunkGroups = bits == 4 && encoding == kScaleE4M3 ? 2 : 1;
 
+// The group size that the scales' encoding fixes; 0 for float scales, whose
+// group size is the product's.
+template <int encoding>
+inline constexpr int kEncodingGroupSize =
+    encoding == kScaleE8M0 ? kE8M0GroupSize
+                           : (encoding == kScaleE4M3 ? kE4M3GroupSize : 0);
+
 // A group's scale as the multipliers are made from it: E8M0 scales stay
 // bytes (their multipliers are exponent fields, integer arithmetic), the
 // others are decoded to float.
