@@ -693,6 +693,7 @@ def test_fused_experts_on_the_gpu(tokens):
     """fuse_projections's gate/up gather of a gpt-oss model (expert biases, 40 tokens
     sorted by mlx-lm) on the GPU equals the separate layers' on the GPU, and after the
     fallback (each layer's rows copied out of the strided view) still does."""
+    pytest.importorskip("mlx_lm", reason="the models come from mlx-lm")
     from test_fused import max_error, moe_model
 
     from mlx_fpqmm.nn import fuse_projections
@@ -718,6 +719,7 @@ def test_fused_experts_on_the_gpu(tokens):
 def test_fused_projections_on_the_gpu(mode):
     """fuse_projections's q/k/v and gate/up products of a Llama model on the GPU equal
     the separate layers' on the GPU."""
+    pytest.importorskip("mlx_lm", reason="the models come from mlx-lm")
     from test_fused import TOKENS, max_error, quantized_model
 
     from mlx_fpqmm.nn import fuse_projections
