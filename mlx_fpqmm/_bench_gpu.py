@@ -10,7 +10,11 @@ evaluates one graph of R products (at least ``--graph-products``, 64 by
 default) that cycle through copies of the weights together larger than the
 GPU's cache (``--graph-bytes``, 1 GB by default, far beyond an H200's 60 MB
 L2), so every product reads its weights from memory; the time per product is
-the graph's time over R, the median of ``--reps`` graphs.
+the graph's time over R, the median of ``--reps`` graphs. The products of a
+graph are independent, and the GPU may overlap one's last blocks with the next
+one's first; ``--chain`` makes each product's x a view of the output of the
+one before (no copy: shapes with N >= K), so that they run one after another
+as a model's layers do.
 
 ``--moe`` times ``gather_qmm`` (32 experts of 2880 x 2880, top 4 by default)
 against ``mx.gather_qmm``, fresh routing for every product, in both of
@@ -51,16 +55,43 @@ class Timing:
         return f"{self.median * 1e6:.1f}"
 
 
-def time_graph(products: Sequence[Callable[[], mx.array]], reps: int) -> Timing:
-    """The time per product of evaluating all of ``products`` as one graph."""
+# A product of the timed graphs: its output from its x.
+Product = Callable[[mx.array], mx.array]
+
+
+def view_as(y: mx.array, x: mx.array) -> mx.array:
+    """The first ``x.size`` values of ``y`` in ``x``'s shape: a view, no copy,
+    through which the product that reads it waits for the one that wrote ``y``."""
+    if y.size < x.size or y.dtype != x.dtype:
+        raise ValueError(
+            f"chained products: an output of {y.size} {y.dtype} values cannot be the next x "
+            f"({x.size} {x.dtype} values); --chain needs N >= K"
+        )
+    return y.reshape(-1)[: x.size].reshape(x.shape)
+
+
+def graph_outputs(products: Sequence[Product], x: mx.array, chained: bool) -> list[mx.array]:
+    """The outputs of ``products`` on ``x``, or, ``chained``, each product after the
+    first on a view of the output of the one before."""
+    outputs: list[mx.array] = []
+    for product in products:
+        outputs.append(product(view_as(outputs[-1], x) if chained and outputs else x))
+    return outputs
+
+
+def time_graph(
+    products: Sequence[Product], x: mx.array, reps: int, chained: bool = False
+) -> Timing:
+    """The time per product of evaluating all of ``products`` on ``x`` as one graph
+    (``chained``: graph_outputs's chain)."""
     # Warm-up, twice: the first graph of a layout measured slower in the bench
     # than in tools/gpu/gather_overhead.py, which alternates the layouts.
     for _ in range(2):
-        mx.eval([p() for p in products])
+        mx.eval(graph_outputs(products, x, chained))
         mx.synchronize()
     times = []
     for _ in range(reps):
-        outputs = [p() for p in products]
+        outputs = graph_outputs(products, x, chained)
         mx.synchronize()
         start = time.perf_counter()
         mx.eval(outputs)
@@ -116,9 +147,14 @@ class Row:
         return self.weight_bytes / self.ours.median
 
 
+def random_weights(shape: tuple[int, ...]) -> mx.array:
+    """Normal weights of standard deviation K^-1/2: a product keeps x's scale, so that
+    chained products stay finite."""
+    return mx.random.normal(shape, dtype=mx.bfloat16) * shape[-1] ** -0.5
+
+
 def quantized_weights(N: int, K: int, mode: str) -> tuple[mx.array, mx.array]:
-    w = mx.random.normal((N, K), dtype=mx.bfloat16) * 0.02
-    return mlx_fpqmm.quantize(w, mode=mode)
+    return mlx_fpqmm.quantize(random_weights((N, K)), mode=mode)
 
 
 def bench_row(M: int, N: int, K: int, mode: str, dtype_name: str, args: argparse.Namespace) -> Row:
@@ -131,19 +167,23 @@ def bench_row(M: int, N: int, K: int, mode: str, dtype_name: str, args: argparse
         list(zip(copies(w_q, count), copies(scales, count), strict=True)), args.graph_products
     )
     op = qmm_for_mode(mode)
-    ours = time_graph([lambda w=w, s=s: op(x, w, s, mode=mode) for w, s in pairs], args.reps)
+    ours = time_graph(
+        [lambda x, w=w, s=s: op(x, w, s, mode=mode) for w, s in pairs], x, args.reps, args.chain
+    )
     mlx = None
     if mode in MLX_MODES and not args.no_mlx:
         mlx = time_graph(
-            [lambda w=w, s=s: mx.quantized_matmul(x, w, s, mode=mode) for w, s in pairs],
+            [lambda x, w=w, s=s: mx.quantized_matmul(x, w, s, mode=mode) for w, s in pairs],
+            x,
             args.reps,
+            args.chain,
         )
     del pairs
     dense = None
     if not args.no_dense and dtype_name == "bfloat16":
-        w = mx.random.normal((N, K), dtype=mx.bfloat16)
+        w = random_weights((N, K))
         dense_copies = cycled(copies(w, count_for(w.nbytes, args.graph_bytes)), args.graph_products)
-        dense = time_graph([lambda w=w: x @ w.T for w in dense_copies], args.reps)
+        dense = time_graph([lambda x, w=w: x @ w.T for w in dense_copies], x, args.reps, args.chain)
         del dense_copies
     return Row(M, N, K, mode, dtype_name, weight_bytes, ours, mlx, dense)
 
@@ -214,21 +254,20 @@ def moe_layouts(chosen: list[np.ndarray], K: int, dtype: mx.Dtype) -> dict[str, 
 
 def gather_products(
     qmm: Callable[..., mx.array],
-    x: mx.array,
     cases: list[tuple[tuple[mx.array, mx.array], mx.array]],
     mode: str,
     is_sorted: bool,
-) -> list[Callable[[], mx.array]]:
+) -> list[Product]:
     """One product per weight copy and its routing."""
     return [
-        lambda w=w, s=s, i=i: qmm(x, w, s, rhs_indices=i, mode=mode, sorted_indices=is_sorted)
+        lambda x, w=w, s=s, i=i: qmm(x, w, s, rhs_indices=i, mode=mode, sorted_indices=is_sorted)
         for (w, s), i in cases
     ]
 
 
 def bench_moe(tokens: int, mode: str, dtype_name: str, args: argparse.Namespace) -> list[MoeRow]:
     experts, (N, K), top_k = args.experts, args.moe_shape, args.top_k
-    w = mx.random.normal((experts, N, K), dtype=mx.bfloat16) * 0.02
+    w = random_weights((experts, N, K))
     w_q, scales = mlx_fpqmm.quantize(w, mode=mode)
     del w
     expert_bytes = (w_q.nbytes + scales.nbytes) / experts
@@ -245,13 +284,16 @@ def bench_moe(tokens: int, mode: str, dtype_name: str, args: argparse.Namespace)
         cases = list(zip(weights, indices, strict=True))
 
         ours = time_graph(
-            gather_products(mlx_fpqmm.gather_qmm, xs, cases, mode, is_sorted), args.reps
+            gather_products(mlx_fpqmm.gather_qmm, cases, mode, is_sorted), xs, args.reps, args.chain
         )
         mlx, mlx_error = None, None
         if mode in MLX_MODES and not args.no_mlx:
             try:
                 mlx = time_graph(
-                    gather_products(mx.gather_qmm, xs, cases, mode, is_sorted), args.reps
+                    gather_products(mx.gather_qmm, cases, mode, is_sorted),
+                    xs,
+                    args.reps,
+                    args.chain,
                 )
             except (RuntimeError, ValueError) as error:  # e.g. MLX's grid limit on pairs
                 mlx_error = str(error)
@@ -305,13 +347,15 @@ def main(args: argparse.Namespace, out) -> dict:
         f"{time.strftime('%Y-%m-%d')}  {info.get('device_name', 'GPU')}, mlx {mx.__version__}; "
         f"read bandwidth {bandwidth / 1e12:.2f} TB/s (mx.sum over 4 GiB, best of {args.reps}); "
         f"per product: median of {args.reps} graphs of >= {args.graph_products} products over "
-        f">= {args.graph_bytes / 1e9:.1f} GB of weight copies",
+        f">= {args.graph_bytes / 1e9:.1f} GB of weight copies, "
+        + ("chained (each x a view of the output before)" if args.chain else "independent"),
         file=out,
     )
     document = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "device": info.get("device_name", "GPU"),
         "read_bandwidth": bandwidth,
+        "chained": args.chain,
     }
     if args.moe:
         rows = moe_main(args, bandwidth, out)
@@ -355,6 +399,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=64,
         help="--device gpu: the fewest products in each timed graph",
+    )
+    parser.add_argument(
+        "--chain",
+        action="store_true",
+        help="--device gpu: each product's x a view of the output before (N >= K), so that "
+        "a graph's products run one after another as a model's layers do",
     )
     parser.add_argument(
         "--no-mlx",

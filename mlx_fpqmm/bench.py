@@ -732,7 +732,7 @@ def tails_main(
 # The options that only one device's benchmark reads.
 CPU_OPTIONS = ("--mlx-budget", "--vs-ggml", "--min-time", "--tails", "--tail-n", "--tail-ks",
                "--idle", "--cycle-bytes", "--plot")  # fmt: skip
-GPU_OPTIONS = ("--graph-bytes", "--graph-products", "--no-mlx", "--no-dense")
+GPU_OPTIONS = ("--graph-bytes", "--graph-products", "--chain", "--no-mlx", "--no-dense")
 
 
 def named_options(argv: list[str]) -> set[str]:
@@ -870,6 +870,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if any(K % group for K in ks):
         parser.error(f"K of --shapes, --tail-ks and --moe-shape: multiples of {group} "
                      f"(the group size of {', '.join(args.modes)})")  # fmt: skip
+    if args.device == "gpu" and args.chain:
+        shapes = [args.moe_shape] if args.moe else args.shapes
+        if any(N < K for N, K in shapes):
+            parser.error("--chain: each x is a view of the output before, so every N >= K")
     if args.json not in (None, "-") and not Path(args.json).resolve().parent.is_dir():
         parser.error(f"--json {args.json}: no such directory")
     return args

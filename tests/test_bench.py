@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from fpqmm_dev import ggml_glue
 
+import mlx_fpqmm
 from mlx_fpqmm import bench
 
 
@@ -166,9 +167,9 @@ def test_gpu_bench_times_every_column_over_graphs_of_the_same_size(monkeypatch):
 
     sizes = []
 
-    def record(products, reps):
+    def record(products, x, reps, chained=False):
         sizes.append(len(products))
-        mx.eval(products[-1]())  # the last one cycles back through the copies
+        mx.eval(products[-1](x))  # the last one cycles back through the copies
         return _bench_gpu.Timing(1e-6, 1e-6)
 
     monkeypatch.setattr(_bench_gpu, "time_graph", record)
@@ -187,6 +188,34 @@ def test_gpu_bench_times_every_column_over_graphs_of_the_same_size(monkeypatch):
     assert [r.layout for r in rows] == ["unsorted", "sorted"] and sizes == [5, 5, 5, 5]
     assert _bench_gpu.cycled([1, 2, 3], 2) == [1, 2, 3]
     assert _bench_gpu.cycled([1, 2], 5) == [1, 2, 1, 2, 1]
+
+
+def test_gpu_bench_chains_products_through_views():
+    """--chain: each product reads, as its x, a view of the output before (so that the
+    GPU runs them in order), in both MoE layouts too; an output smaller than x is refused."""
+    from mlx_fpqmm import _bench_gpu
+
+    x = mx.random.normal((3, 64))
+    w, s = _bench_gpu.quantized_weights(96, 64, "mxfp4")
+    products = [lambda x, w=w, s=s: mlx_fpqmm.quantized_matmul(x, w, s, mode="mxfp4")] * 3
+    outputs = _bench_gpu.graph_outputs(products, x, chained=True)
+    for before, after in zip(outputs[:-1], outputs[1:], strict=True):
+        first_values = mx.array(np.array(before).ravel()[: x.size].reshape(x.shape))
+        expected = mlx_fpqmm.quantized_matmul(first_values, w, s, mode="mxfp4")
+        assert mx.array_equal(after, expected)
+    independent = _bench_gpu.graph_outputs(products, x, chained=False)
+    assert all(mx.array_equal(y, independent[0]) for y in independent)
+    assert not mx.array_equal(outputs[1], outputs[0])
+    experts = mlx_fpqmm.quantize(_bench_gpu.random_weights((4, 64, 64)), mode="mxfp4")
+    chosen = _bench_gpu.routes(5, 4, 2, 2, seed=0)
+    for xs, indices, is_sorted in _bench_gpu.moe_layouts(chosen, 64, mx.float32).values():
+        cases = [(experts, i) for i in indices]
+        products = _bench_gpu.gather_products(mlx_fpqmm.gather_qmm, cases, "mxfp4", is_sorted)
+        first, second = _bench_gpu.graph_outputs(products, xs, chained=True)
+        first_values = np.array(first).ravel()[: xs.size].reshape(xs.shape)
+        assert mx.array_equal(second, products[1](mx.array(first_values)))
+    with pytest.raises(ValueError, match="--chain needs N >= K"):
+        _bench_gpu.view_as(mx.zeros((1, 32)), mx.zeros((1, 64)))
 
 
 def test_float_scale_modes_and_moe_json(tmp_path, capsys):
@@ -228,6 +257,10 @@ def test_cpu_options_are_refused_on_the_gpu(monkeypatch, capsys):
     table that silently ignores it."""
     monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
     assert bench.parse_args(["--device", "gpu", "--moe", "--tokens", "1,8"]).tokens == [1, 8]
+    assert bench.parse_args(["--device", "gpu", "--chain", "--shapes", "4096x4096"]).chain
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "gpu", "--chain", "--shapes", "4096x14336"])
+    assert "--chain: each x is a view of the output before" in capsys.readouterr().err
     for option in (o for o in bench.CPU_OPTIONS if o != "--plot"):
         value = {"--vs-ggml": [], "--tails": []}.get(option, ["1"])
         with pytest.raises(SystemExit):
