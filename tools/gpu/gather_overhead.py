@@ -38,7 +38,7 @@ def main() -> None:
                     ("mlx_fpqmm.gather_qmm", mlx_fpqmm.gather_qmm),
                     ("mx.gather_qmm", mx.gather_qmm),
                 ):
-                    timing = time_graph(gather_products(op, xs, cases, "mxfp4", is_sorted), 5)
+                    timing = time_graph(gather_products(op, cases, "mxfp4", is_sorted), xs, 5)
                     label = f"{tokens} tokens, {layout}, {name} (round {round_ + 1})"
                     print(f"{label:58s} {timing.median * 1e6:8.1f} us")
         for layout, (xs, indices, is_sorted) in layouts.items():
