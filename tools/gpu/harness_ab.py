@@ -145,8 +145,12 @@ def run(
     only_trees: str,
 ) -> None:
     start = time.monotonic()
-    chosen = [t for t in trees() if not only_trees or t.name in only_trees.split(",")]
-    unknown = set(filter(None, only_trees.split(","))) - {t.name for t in chosen}
+    # The trees in --trees's order (its first is the one whose kernels the rows name), else
+    # in their names' order.
+    by_name = {tree.name: tree for tree in trees()}
+    named = [name for name in only_trees.split(",") if name]
+    chosen = [by_name[n] for n in named if n in by_name] if named else list(by_name.values())
+    unknown = set(named) - set(by_name)
     if unknown or not chosen:
         sys.exit(f"--trees: no tree named {', '.join(sorted(unknown)) or only_trees} in {AB}")
     names = [tree.name for tree in chosen]
@@ -218,7 +222,9 @@ def main() -> None:
         default=240.0,
         help="stop each tree's `harness --test` after this (a fresh machine's are slow)",
     )
-    bench.add_argument("--trees", default="", help="comma-separated tree names (default: all)")
+    bench.add_argument(
+        "--trees", default="", help="comma-separated tree names, the columns' order (default: all)"
+    )
     args = parser.parse_args()
     if args.command == "prepare":
         prepare(args.revisions, args.keep)
