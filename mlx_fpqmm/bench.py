@@ -872,8 +872,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      f"(the group size of {', '.join(args.modes)})")  # fmt: skip
     if args.device == "gpu" and args.chain:
         shapes = [args.moe_shape] if args.moe else args.shapes
-        if any(N < K for N, K in shapes):
-            parser.error("--chain: each x is a view of the output before, so every N >= K")
+        narrow = [f"{N}x{K}" for N, K in shapes if N < K]
+        if narrow:
+            parser.error(
+                "--chain: each x is a view of the output before, so every N x K needs "
+                f"N >= K; {'--moe-shape' if args.moe else '--shapes'} has {', '.join(narrow)}"
+            )
     if args.json not in (None, "-") and not Path(args.json).resolve().parent.is_dir():
         parser.error(f"--json {args.json}: no such directory")
     return args

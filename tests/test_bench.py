@@ -165,10 +165,11 @@ def test_gpu_bench_times_every_column_over_graphs_of_the_same_size(monkeypatch):
     1 GB of its larger copies held) once made our speed-ups over it look larger."""
     from mlx_fpqmm import _bench_gpu
 
-    sizes = []
+    sizes, chains = [], []
 
     def record(products, x, reps, chained=False):
         sizes.append(len(products))
+        chains.append(chained)
         mx.eval(products[-1](x))  # the last one cycles back through the copies
         return _bench_gpu.Timing(1e-6, 1e-6)
 
@@ -180,12 +181,16 @@ def test_gpu_bench_times_every_column_over_graphs_of_the_same_size(monkeypatch):
     assert row.mlx is not None and row.dense is not None
     # Copies: 64 x 128 mxfp4 is 4,352 bytes (5 copies), bfloat16 16,384 (2).
     assert sizes == [7, 7, 7]
+    assert chains == [False] * 3
     sizes.clear()
+    chains.clear()
     moe = ["--moe-shape", "64x64", "--experts", "4", "--top-k", "2"]
     args = bench.parse_args(moe)
-    args.graph_bytes, args.graph_products = 1, 5
+    args.graph_bytes, args.graph_products, args.chain = 1, 5, True
     rows = _bench_gpu.bench_moe(3, "mxfp4", "bfloat16", args)
     assert [r.layout for r in rows] == ["unsorted", "sorted"] and sizes == [5, 5, 5, 5]
+    # --chain reaches every column's graphs.
+    assert chains == [True] * 4
     assert _bench_gpu.cycled([1, 2, 3], 2) == [1, 2, 3]
     assert _bench_gpu.cycled([1, 2], 5) == [1, 2, 1, 2, 1]
 
@@ -259,8 +264,10 @@ def test_cpu_options_are_refused_on_the_gpu(monkeypatch, capsys):
     assert bench.parse_args(["--device", "gpu", "--moe", "--tokens", "1,8"]).tokens == [1, 8]
     assert bench.parse_args(["--device", "gpu", "--chain", "--shapes", "4096x4096"]).chain
     with pytest.raises(SystemExit):
-        bench.parse_args(["--device", "gpu", "--chain", "--shapes", "4096x14336"])
-    assert "--chain: each x is a view of the output before" in capsys.readouterr().err
+        bench.parse_args(["--device", "gpu", "--chain", "--shapes", "4096x4096,4096x14336"])
+    error = capsys.readouterr().err
+    assert "--chain: each x is a view of the output before" in error
+    assert "N >= K; --shapes has 4096x14336\n" in error
     for option in (o for o in bench.CPU_OPTIONS if o != "--plot"):
         value = {"--vs-ggml": [], "--tails": []}.get(option, ["1"])
         with pytest.raises(SystemExit):
