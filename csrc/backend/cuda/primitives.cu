@@ -60,7 +60,8 @@ cuda::CudaDevice device_of(mx::cu::Device& d) {
 // module's kernels: the encoder gets them as driver functions, looked up
 // once per kernel and device by this module's runtime, which also raises
 // the kernel's dynamic shared memory limit once, where a plan needs more
-// than the default.
+// than the default leaves beside the kernel's static shared memory (the
+// default bounds the two together).
 CUfunction driver_function(
     mx::cu::Device& d, const void* kernel, int shared_bytes) {
   struct Function {
@@ -77,11 +78,15 @@ CUfunction driver_function(
     d.make_current();
     cudaFunction_t f;
     check(cudaGetFuncBySymbol(&f, kernel), "cudaGetFuncBySymbol");
+    cudaFuncAttributes attributes;
+    check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
     it = per_device
              .emplace(
                  d.cuda_device(),
                  Function{
-                     reinterpret_cast<CUfunction>(f), fc::kDefaultSharedLimit})
+                     reinterpret_cast<CUfunction>(f),
+                     fc::kDefaultSharedLimit -
+                         static_cast<int>(attributes.sharedSizeBytes)})
              .first;
   }
   if (shared_bytes > it->second.shared_limit) {
