@@ -1143,7 +1143,7 @@ void bench(const std::string& only) {
     const ModeSpec spec = m.mode == Mode::fp4 ? ModeSpec{Mode::fp4, 32, FloatType::bfloat16, "fp4"}
         : m.mode == Mode::fp8 ? ModeSpec{Mode::fp8, 32, FloatType::bfloat16, "fp8"} : m;
     for (auto [N, K] : shapes) {
-      for (int M : {1, 8, 24, 32, 64, 128, 256, 512, 1024, 4096}) {
+      for (int M : {1, 2, 4, 8, 24, 32, 64, 128, 256, 512, 1024, 4096}) {
         for (const auto& [type, tname] : kTypes) {
           const bool decode = M <= 8;
           if (!decode && type != FloatType::bfloat16) {
