@@ -85,8 +85,8 @@ CUfunction driver_function(
                  d.cuda_device(),
                  Function{
                      reinterpret_cast<CUfunction>(f),
-                     fc::kDefaultSharedLimit -
-                         static_cast<int>(attributes.sharedSizeBytes)})
+                     fc::default_dynamic_shared_limit(
+                         static_cast<int>(attributes.sharedSizeBytes))})
              .first;
   }
   if (shared_bytes > it->second.shared_limit) {

@@ -137,6 +137,11 @@ constexpr int staged_shared_bytes(int bits, int scale_itemsize) {
   return kStagedWarps * kStages * staged_stage_bytes(bits, scale_itemsize);
 }
 inline constexpr int kDefaultSharedLimit = 48 * 1024;
+// The dynamic shared memory a kernel with `static_bytes` of its own takes
+// without opting in: the default limit bounds the two together.
+constexpr int default_dynamic_shared_limit(int static_bytes) {
+  return kDefaultSharedLimit - static_bytes;
+}
 // fp_qmv_cluster's blocks per cluster: its splits of K.
 inline constexpr int kClusterSplits = 4;
 

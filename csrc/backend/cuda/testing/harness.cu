@@ -395,10 +395,9 @@ void launch(const cu::Launch& l, const void* kernel, const fc::QmmArgs& args,
   if (l.grid[0] == 0 || l.grid[1] == 0 || l.grid[2] == 0) {
     return;
   }
-  // The default limit bounds the static and the dynamic bytes together.
   cudaFuncAttributes attributes;
   CHECK_CUDA(cudaFuncGetAttributes(&attributes, kernel));
-  if (l.shared_bytes + int(attributes.sharedSizeBytes) > fc::kDefaultSharedLimit) {
+  if (l.shared_bytes > fc::default_dynamic_shared_limit(int(attributes.sharedSizeBytes))) {
     CHECK_CUDA(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, l.shared_bytes));
   }
