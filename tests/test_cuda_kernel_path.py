@@ -78,18 +78,21 @@ def test_rows_take_block_tiles_before_hopper(M, expected, kernel, dtype):
 
 
 @pytest.mark.parametrize(
-    "n, kernel, grid, block",
+    "rows, n, kernel, grid, block",
     [
-        (8417, "fpqmm_qmv_wide_e2m1_e8m0_bfloat16_x8", 264, 128),
-        (8416, "fpqmm_qmv_e2m1_e8m0_bfloat16_x8", 526, 256),
+        (1, 8417, "fpqmm_qmv_wide_e2m1_e8m0_bfloat16_x8", 264, 128),
+        (1, 8416, "fpqmm_qmv_e2m1_e8m0_bfloat16_x8", 526, 256),
+        (16, 8417, "fpqmm_qmv_wide_e2m1_e8m0_bfloat16_x16", 264, 128),
+        (9, 8416, "fpqmm_qmv_e2m1_e8m0_bfloat16_x16", 526, 256),
     ],
 )
-def test_decode_takes_wide_blocks_where_they_half_fill_the_gpu(n, kernel, grid, block):
-    """One row of x on the H200's 132 SMs: 4-warp blocks of 32 W rows from 264 of
-    them (half its 528 slots), else 8-warp blocks of 16 rows; never split."""
+def test_decode_takes_wide_blocks_where_they_half_fill_the_gpu(rows, n, kernel, grid, block):
+    """Up to 8 rows of x (one x block) or 16 (two) on the H200's 132 SMs: 4-warp
+    blocks of 32 W rows from 264 of them (half its 528 slots), else 8-warp blocks
+    of 16 rows; never split."""
     w = mx.zeros((n, K // 8), mx.uint32)
     scales = mx.zeros((n, K // 32), mx.uint8)
-    x = mx.zeros((1, K), mx.bfloat16)
+    x = mx.zeros((rows, K), mx.bfloat16)
     plan = mlx_fpqmm.kernel_path(x, w, scales, mode="mxfp4", device="sm_90")
     assert plan["path"] == "qmv", plan["note"]
     assert plan["kernel"] == kernel
@@ -395,24 +398,24 @@ def test_gather_without_the_grouped_path_dequantizes_from_12_rows_an_expert(pair
 
 
 def test_decode_splits_float32_x_in_two_parts_once():
-    """float32 x of up to 4 rows times 8 MiB of W or more: split once into
+    """float32 x of up to 8 rows times 8 MiB of W or more: split once into
     bfloat16 high and low parts (fp_split_x), which bfloat16's kernel
     multiplies as twice the rows, adding each row's two as it stores y (with K
     split, into partials that the reduction adds up); more rows, less W, or
     float16 x with float scales: each pass splits its chunk of x."""
     w = mx.zeros((N, K // 8), mx.uint32)
     scales = mx.zeros((N, K // 32), mx.uint8)
-    for M in (1, 4):
+    for M in (1, 4, 5, 8):
         plan = mlx_fpqmm.kernel_path(mx.zeros((M, K)), w, scales, mode="mxfp4", device="sm_90")
         assert plan["path"] == "qmv", plan["note"]
-        assert plan["kernel"].endswith("_bfloat16_x8")
+        assert plan["kernel"].endswith("_bfloat16_x8" if M <= 4 else "_bfloat16_x16")
         assert plan["x_split"]["kernel"] == "fpqmm_split_x_float32"
         assert plan["x_split_bytes"] == 2 * M * K * 2
         assert plan["split_k"] == 1
         assert plan["reduction"] is None and plan["partials_bytes"] == 0
         assert "split once into bfloat16 high and low parts" in plan["note"]
-    plan = mlx_fpqmm.kernel_path(mx.zeros((5, K)), w, scales, mode="mxfp4", device="sm_90")
-    assert plan["x_split"] is None and plan["kernel"].endswith("_float32_x8")
+    plan = mlx_fpqmm.kernel_path(mx.zeros((9, K)), w, scales, mode="mxfp4", device="sm_90")
+    assert plan["x_split"] is None and plan["kernel"].endswith("_float32_x16")
     small = mlx_fpqmm.kernel_path(
         mx.zeros((1, K)), w[:1024], scales[:1024], mode="mxfp4", device="sm_90"
     )

@@ -169,18 +169,34 @@ def test_model_shapes(mode, shape, M):
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
-@pytest.mark.parametrize("M", [1, 3, 4, 5])
+@pytest.mark.parametrize("M", [1, 3, 4, 5, 8, 9])
 @pytest.mark.parametrize("N, K", [(4096, 4096), (14336, 4096), (3072, 8192)], ids=str)
 def test_float32_decode_of_large_weights(mode, M, N, K):
-    """float32 x of up to 4 rows times 8 MiB of W or more: the MLX formats split x
+    """float32 x of up to 8 rows times 8 MiB of W or more: the MLX formats split x
     once into bfloat16 high and low parts (the plan's x_split) for bfloat16's
     kernel (in its narrow blocks, its wide ones at 14336 rows, K split into partial
-    sums at 3072 x 8192); 5 rows, and the float-scale formats, multiply x as it is."""
+    sums at 3072 x 8192); 9 rows, and the float-scale formats, multiply x as it is."""
     w_q, scales = quantized(mode, N, K)
     x = mx.random.normal((M, K))
     plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")
-    split = M <= 4 and mode in ("mxfp4", "nvfp4", "mxfp8")
+    split = M <= 8 and mode in ("mxfp4", "nvfp4", "mxfp8")
     assert (plan["x_split"] is not None) == split, plan["note"]
+    check(mode, x, w_q, scales)
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32], ids=str)
+@pytest.mark.parametrize("M", [9, 16])
+def test_decode_of_two_x_blocks_in_wide_blocks(mode, dtype, M):
+    """9 to 16 rows of x where the decode kernel's wide blocks half fill the
+    GPU (9000 rows of W on 132 SMs): two blocks of 8 rows of x in each, for
+    every x type (float32 x of the float-scale modes is staged instead)."""
+    N, K = 9000, 16 * DEFAULT_GROUP_SIZE[mode]
+    w_q, scales = quantized(mode, N, K)
+    x = mx.random.normal((M, K)).astype(dtype)
+    kernel = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")["kernel"]
+    if on_hopper() and "_staged_" not in kernel:
+        assert kernel.startswith("fpqmm_qmv_wide_") and kernel.endswith("_x16"), kernel
     check(mode, x, w_q, scales)
 
 
@@ -310,7 +326,8 @@ def test_kernels_one_after_another_in_any_order():
     of its nodes and their edges) for the next product and updates its kernel
     nodes in place, so one kernel's node becomes another's, and a sequence of
     two kernels another sequence of two. Single kernels: the decode kernel
-    with bfloat16, float16 and float32 x, its wide blocks and its blocks of 32
+    with bfloat16, float16 and float32 x, its wide blocks (of one and two
+    blocks of 8 rows of x) and its blocks of 32
     rows of x, x @ W, the staged kernel, an empty K; a cluster split of K; two:
     wgmma's blocks of 32, 64, 128 and 256 rows after their x tiles, float32 x split
     into bfloat16 parts before the decode kernel, x copied from a transpose
@@ -323,6 +340,7 @@ def test_kernels_one_after_another_in_any_order():
         ("mxfp4", mx.float16, 1, 64, 8192, True),
         ("mxfp8", mx.float32, 4, 128, 512, True),
         ("mxfp4", mx.bfloat16, 1, 9000, 512, True),
+        ("mxfp4", mx.bfloat16, 16, 9000, 512, True),
         ("mxfp4", mx.bfloat16, 32, 256, 512, True),
         ("mxfp4", mx.bfloat16, 32, 9000, 512, True),
         ("fp4", mx.float32, 1, 96, 512, True),

@@ -174,13 +174,19 @@ int64_t qmv_wide_x_bytes(const QmmProblem& p) {
   return std::min<int64_t>(p.M, fc::kXBlockRows) * p.K * itemsize(p.x_type);
 }
 
-// Whether fp_qmv's wide blocks (kQmvWideMinBlocks an SM) half fill the GPU,
-// where they were measured faster than the narrow ones on the H200
-// (docs/cuda-log.md: M = 1 and 8; other GPUs take the same rule unmeasured).
+// Whether fp_qmv's wide blocks (kQmvWideMinBlocks an SM) of x_blocks x
+// blocks half fill the GPU, where they were measured faster than the narrow
+// ones: on the H200 at M = 1 and 8, on an H100 at 16 (docs/cuda-log.md,
+// "Fourth session of 2026-12-07": 14336 x 4096 mxfp4 22.6 us against 34.2);
+// other GPUs take the same rule unmeasured.
 bool qmv_wide_blocks_fill(
-    const QmmProblem& p, const CudaDevice& device, int64_t batch_count) {
+    const QmmProblem& p,
+    const CudaDevice& device,
+    int64_t batch_count,
+    int x_blocks) {
   const int64_t blocks = ceil_div(p.N, fc::kQmvWideRowsPerBlock) *
-                         ceil_div(p.M, fc::kXBlockRows) * batch_count;
+                         ceil_div(p.M, x_blocks * fc::kXBlockRows) *
+                         batch_count;
   return half_fills(blocks, fc::kQmvWideMinBlocks, device);
 }
 
@@ -925,8 +931,8 @@ KernelPlan plan(
     if (!staged_why.empty()) {
       plan.note += "; W staged in shared memory: " + staged_why;
     }
-    if (family == KernelFamily::qmv && x_blocks == 1 &&
-        qmv_wide_blocks_fill(p, device, plan.batch_count)) {
+    if (family == KernelFamily::qmv && plan.path == KernelPath::qmv &&
+        qmv_wide_blocks_fill(p, device, plan.batch_count, x_blocks)) {
       family = KernelFamily::qmv_wide;
       plan.note += "; wide blocks (they half fill the GPU)";
     }
@@ -966,11 +972,11 @@ KernelPlan plan(
     }
     case KernelFamily::qmv_wide:
       column_blocks = ceil_div(p.N, fc::kQmvWideRowsPerBlock);
-      m_blocks = ceil_div(p.M, fc::kXBlockRows);
+      m_blocks = ceil_div(p.M, x_blocks * fc::kXBlockRows);
       plan.main.block = {fc::kQmvWideWarps * fc::kWarpSize, 1, 1};
       plan.main.shared_bytes =
-          fc::qmv_shared_bytes(fc::kQmvWideWarps, fc::kQmvWideTiles, 1);
-      if (device.major == 9 &&
+          fc::qmv_shared_bytes(fc::kQmvWideWarps, fc::kQmvWideTiles, x_blocks);
+      if (device.major == 9 && x_blocks == 1 &&
           fc::qmv_wide_may_share_x(
               scale_itemsize(scale_encoding(p.mode, p.scale_type)),
               itemsize(p.x_type)) &&

@@ -81,7 +81,7 @@ inline constexpr int kSimpleRows = 40;
 // to 20.0 us and 4096 x 4096 from 15.4 to 12.8, but 1024 x 4096 (2 MiB)
 // from 7.7 to 10.7 (two more launches), and M = 8 (two x blocks) from 31.5
 // to 38.9.
-inline constexpr int kXPartsMaxRows = fpqmm::cuda::kXBlockRows / 2;
+inline constexpr int kXPartsMaxRows = fpqmm::cuda::kXBlockRows;
 inline constexpr int64_t kXPartsMinWeightBytes = int64_t(8) << 20;
 // The same for the tiled path (fp_qmm).
 inline constexpr int kTiledRows = 128;

@@ -692,13 +692,16 @@ __global__ void __launch_bounds__(
   fp_qmv_grid<T, bits, encoding, x_blocks, false>(args);
 }
 
-// fp_qmv in wide blocks (one x block), where they half fill the GPU; with
-// float scales x may sit in shared memory (args.x_in_shared).
-template <typename T, int bits, int encoding>
+// fp_qmv in wide blocks (one or kMaxXBlocks x blocks), where they half fill
+// the GPU; with float scales x of one block may sit in shared memory
+// (args.x_in_shared).
+template <typename T, int bits, int encoding, int x_blocks>
 __global__ void __launch_bounds__(kQmvWideWarps* kWarpSize, kQmvWideMinBlocks)
     fp_qmv_wide(const QmmArgs args) {
-  constexpr bool may_share_x = qmv_wide_may_share_x(
-      sizeof(typename ScaleStorage<encoding>::type), sizeof(T));
+  constexpr bool may_share_x =
+      x_blocks == 1 &&
+      qmv_wide_may_share_x(
+          sizeof(typename ScaleStorage<encoding>::type), sizeof(T));
   if constexpr (may_share_x) {
     if (args.x_in_shared) {
       fp_qmv_grid<
@@ -714,7 +717,8 @@ __global__ void __launch_bounds__(kQmvWideWarps* kWarpSize, kQmvWideMinBlocks)
       return;
     }
   }
-  fp_qmv_grid<T, bits, encoding, 1, false, kQmvWideWarps, kQmvWideTiles>(args);
+  fp_qmv_grid<T, bits, encoding, x_blocks, false, kQmvWideWarps, kQmvWideTiles>(
+      args);
 }
 
 // Clusters need sm_90; the kernel of other architectures is never launched.

@@ -117,8 +117,10 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
               });
           break;
         case KernelFamily::qmv_wide:
-          kernel =
-              reinterpret_cast<const void*>(&fp_qmv_wide<T, bits, encoding>);
+          with_qmv_x_blocks(key.x_blocks, [&](auto x_blocks) {
+            kernel = reinterpret_cast<const void*>(
+                &fp_qmv_wide<T, bits, encoding, x_blocks>);
+          });
           break;
         case KernelFamily::qmv_grouped:
           with_qmv_x_blocks(key.x_blocks, [&](auto x_blocks) {

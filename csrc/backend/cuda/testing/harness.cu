@@ -660,7 +660,7 @@ std::vector<Case> test_cases() {
       }
     }
   }
-  // float32 x of up to 4 rows times 8 MiB of W or more (the plan's x parts:
+  // float32 x of up to 8 rows times 8 MiB of W or more (the plan's x parts:
   // x split once into bfloat16 high and low parts), rows of W past the last
   // whole tile, K split (E4M3 at 2052 x 4096, E2M1 at 2052 x 8192) or not
   // (E2M1 at 4100 x 4096), odd and even M both ways, non-finite values too
@@ -670,7 +670,8 @@ std::vector<Case> test_cases() {
     for (auto [M, nonfinite, wide_k] :
          {std::tuple{1, false, false}, {2, false, false}, {3, true, false},
           {3, false, false}, {4, false, false}, {2, false, true},
-          {3, false, true}}) {
+          {3, false, true}, {5, false, false}, {8, false, false},
+          {7, true, false}, {6, false, true}}) {
       if (wide_k && bytes) {
         continue;
       }
@@ -1134,7 +1135,7 @@ void bench(const std::string& only) {
            family(twice_the_sms) == cu::KernelFamily::qmv;
   };
 
-  // Decode (M = 1, 8: every x type, the automatic plan) and prefill (the
+  // Decode (M up to 16: every x type, the automatic plan) and prefill (the
   // simple path, fp_qmv tiled over M, and fp_qmm side by side).
   const std::vector<std::pair<int, int>> shapes = {{14336, 4096}, {4096, 4096}, {1024, 4096}};
   for (const auto& m : kModes) {
@@ -1142,9 +1143,9 @@ void bench(const std::string& only) {
     const ModeSpec spec = m.mode == Mode::fp4 ? ModeSpec{Mode::fp4, 32, FloatType::bfloat16, "fp4"}
         : m.mode == Mode::fp8 ? ModeSpec{Mode::fp8, 32, FloatType::bfloat16, "fp8"} : m;
     for (auto [N, K] : shapes) {
-      for (int M : {1, 2, 4, 8, 24, 32, 64, 128, 256, 512, 1024, 4096}) {
+      for (int M : {1, 2, 4, 8, 16, 24, 32, 64, 128, 256, 512, 1024, 4096}) {
         for (const auto& [type, tname] : kTypes) {
-          const bool decode = M <= 8;
+          const bool decode = M <= 16;
           if (!decode && type != FloatType::bfloat16) {
             continue;
           }

@@ -141,7 +141,7 @@ int main() {
       float_scales_elsewhere.key.family == cu::KernelFamily::qmv_wide &&
           !float_scales_elsewhere.x_in_shared,
       "float scales on sm_121: x in registers");
-  // float32 x of up to 4 rows and 8 MiB of W or more: split once into
+  // float32 x of up to 8 rows and 8 MiB of W or more: split once into
   // bfloat16 high and low parts, multiplied by bfloat16's kernel as twice
   // the rows, which adds each row's two as it stores y (no partials).
   auto big_f32 = problem(Mode::mxfp8, true, 4, 14336, 4096);
@@ -164,12 +164,21 @@ int main() {
   auto empty_k = big_f32;
   empty_k.K = 0;
   check(!auto_plan(empty_k, h200).x_split, "float32 x, K = 0: nothing split");
-  big_f32.M = 5;
+  big_f32.M = 8;
+  const auto eight_f32_plan = auto_plan(big_f32, h200);
+  check(
+      eight_f32_plan.x_parts == 2 &&
+          eight_f32_plan.main.kernel ==
+              "fpqmm_qmv_wide_e4m3_e8m0_bfloat16_x16" &&
+          eight_f32_plan.x_split_bytes == 16 * 4096 * 2 &&
+          !eight_f32_plan.reduction,
+      "8 rows of float32 x: parts in wide blocks of two x blocks");
+  big_f32.M = 9;
   check(
       !auto_plan(big_f32, h200).x_split &&
           auto_plan(big_f32, h200).main.kernel ==
-              "fpqmm_qmv_wide_e4m3_e8m0_float32_x8",
-      "5 rows of float32 x: split in each pass, wide blocks");
+              "fpqmm_qmv_wide_e4m3_e8m0_float32_x16",
+      "9 rows of float32 x: split in each pass");
   // 264 wide blocks half fill it; 263 do not, and the narrow blocks run.
   check(
       auto_plan(problem(Mode::mxfp4, true, 1, 264 * 32, 4096), h200)
@@ -181,11 +190,17 @@ int main() {
           below.main.grid[0] == 263 * 2 &&
           below.main.block == std::array<int, 3>{256, 1, 1},
       "263 wide blocks: narrow ones");
-  // Two x blocks stay narrow.
+  // Two x blocks in wide blocks where those half fill the GPU.
+  const auto nine = auto_plan(problem(Mode::mxfp4, true, 9, 14336, 4096), h200);
   check(
-      auto_plan(problem(Mode::mxfp4, true, 9, 14336, 4096), h200).key.family ==
-          cu::KernelFamily::qmv,
-      "9 rows: narrow blocks");
+      nine.key.family == cu::KernelFamily::qmv_wide &&
+          nine.main.kernel == "fpqmm_qmv_wide_e2m1_e8m0_bfloat16_x16" &&
+          nine.main.grid[0] == 448 && nine.split_k == 1,
+      "9 rows: wide blocks of two x blocks, " + nine.main.kernel);
+  check(
+      auto_plan(problem(Mode::mxfp4, true, 16, 263 * 32, 4096), h200)
+              .key.family == cu::KernelFamily::qmv,
+      "16 rows, 263 wide blocks: narrow ones");
   // 256 blocks of 4096 x 4096 stay unsplit (measured faster than split),
   // though E2M1's 4 blocks an SM leave half the slots empty.
   auto square = auto_plan(problem(Mode::mxfp4, true, 1, 4096, 4096), h200);
@@ -287,7 +302,9 @@ int main() {
   // fp_qmm's block tiles (128 W rows by 32 x rows, 64 past kQmmSmallRows), or
   // where fp_qmm does not run (float32 x) the simple path.
   auto m12 = auto_plan(problem(Mode::nvfp4, true, 12, 14336, 4096), h200);
-  check(m12.main.kernel == "fpqmm_qmv_e2m1_e4m3_bfloat16_x16", m12.main.kernel);
+  check(
+      m12.main.kernel == "fpqmm_qmv_wide_e2m1_e4m3_bfloat16_x16",
+      m12.main.kernel);
   auto m40 = auto_plan(problem(Mode::mxfp8, true, 40, 14336, 4096), a100);
   check(
       m40.path == cu::KernelPath::tiled &&
