@@ -79,8 +79,11 @@ inline constexpr int kSimpleRows = 40;
 // kXPartsMaxRows rows, where W has at least kXPartsMinWeightBytes: measured
 // on the H200 (docs/cuda-log.md), M = 1, it takes 14336 x 4096 mxfp4 from 24.1
 // to 20.0 us and 4096 x 4096 from 15.4 to 12.8, but 1024 x 4096 (2 MiB)
-// from 7.7 to 10.7 (two more launches), and M = 8 (two x blocks) from 31.5
-// to 38.9.
+// from 7.7 to 10.7 (two more launches). At M = 8 (two x blocks of parts) it
+// was slower while the parts went to partial sums (31.5 to 38.9); with each
+// row's parts added as y is stored and wide blocks of two x blocks, an H100
+// measured 14336 x 4096 from 31.8 to 24.8 and 4096 x 4096 from 20.1 to 12.9
+// ("Fourth session of 2026-12-07").
 inline constexpr int kXPartsMaxRows = fpqmm::cuda::kXBlockRows;
 inline constexpr int64_t kXPartsMinWeightBytes = int64_t(8) << 20;
 // The same for the tiled path (fp_qmm).
