@@ -175,7 +175,8 @@ def test_float32_decode_of_large_weights(mode, M, N, K):
     """float32 x of up to 8 rows times 8 MiB of W or more: the MLX formats split x
     once into bfloat16 high and low parts (the plan's x_split) for bfloat16's
     kernel (in its narrow blocks, its wide ones at 14336 rows, K split into partial
-    sums at 3072 x 8192); 9 rows, and the float-scale formats, multiply x as it is."""
+    sums at 3072 x 8192 up to 4 rows); 9 rows, and the float-scale formats, multiply
+    x as it is."""
     w_q, scales = quantized(mode, N, K)
     x = mx.random.normal((M, K))
     plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")

@@ -626,7 +626,7 @@ void register_metal_bindings(nb::module_& m) {
             ``x_tiles`` and ``x_tiles_bytes`` (path ``"wgmma"``: the launch
             that lays x out in the kernel's tiles first, and their bytes;
             else ``None`` and 0), ``x_split`` and ``x_split_bytes`` (float32
-            x of up to 4 rows times 8 MiB of W or more: the launch that
+            x of up to 8 rows times 8 MiB of W or more: the launch that
             splits x into bfloat16 high and low parts for a bfloat16
             kernel, and their bytes; else ``None`` and 0) and
             ``batch_count``; for path ``"dequantize_matmul"``

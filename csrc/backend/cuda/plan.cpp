@@ -932,6 +932,7 @@ KernelPlan plan(
       plan.note += "; W staged in shared memory: " + staged_why;
     }
     if (family == KernelFamily::qmv && plan.path == KernelPath::qmv &&
+        p.M <= kDecodeRows &&
         qmv_wide_blocks_fill(p, device, plan.batch_count, x_blocks)) {
       family = KernelFamily::qmv_wide;
       plan.note += "; wide blocks (they half fill the GPU)";

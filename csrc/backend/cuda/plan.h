@@ -237,7 +237,8 @@ KernelRequest kernel_request_from_env();
 
 // The main kernel and its template arguments: fp_qmv<T, bits, encoding,
 // x_blocks> (x_blocks 1, kMaxXBlocks or kSimpleXBlocks), fp_qmv_wide<T,
-// bits, encoding> (fp_qmv in wide blocks, x_blocks 1), fp_qmv_staged<...>,
+// bits, encoding, x_blocks> (fp_qmv in wide blocks, x_blocks 1 or
+// kMaxXBlocks), fp_qmv_staged<...>,
 // fp_qvm<T, bits, encoding> (x_blocks 0), fp_qmv_cluster<T, bits, encoding,
 // x_blocks> (fp_qmv with K split over a thread block cluster, sm_90; as
 // fp_qmv), fp_qmv_grouped<T, bits, encoding, x_blocks> (x_blocks 1 or

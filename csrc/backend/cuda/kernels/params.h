@@ -75,7 +75,7 @@ constexpr int qmv_shared_bytes(bool one_x_part, int x_blocks) {
   return qmv_shared_bytes(kQmvWarps, qmv_tiles(one_x_part), x_blocks);
 }
 // fp_qmv_wide: qmv in wide blocks, kQmvWideWarps warps of kQmvWideTiles
-// tiles for every x type (one x block), kQmvWideMinBlocks an SM. Fewer,
+// tiles for every x type (one or two x blocks), kQmvWideMinBlocks an SM. Fewer,
 // longer-lived warps with two tiles' loads in flight are faster where these
 // blocks half fill the GPU; where they would not, the narrow blocks (twice
 // as many with bfloat16 x) or split K are.

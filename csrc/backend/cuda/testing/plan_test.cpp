@@ -134,6 +134,14 @@ int main() {
         "float scales, M = " + std::to_string(M) + ": x in shared memory " +
             std::to_string(plan.main.shared_bytes));
   }
+  // Two x blocks keep x in registers, though 12 rows of 1024 would fit.
+  const auto two_blocks = problem(Mode::fp8, true, 12, 14336, 1024);
+  const auto two_blocks_plan = auto_plan(two_blocks, h200);
+  check(
+      two_blocks_plan.key.family == cu::KernelFamily::qmv_wide &&
+          two_blocks_plan.key.x_blocks == 2 && !two_blocks_plan.x_in_shared &&
+          two_blocks_plan.main.shared_bytes == 4 * 2 * 2 * 4 * 32 * 4,
+      "float scales, two x blocks: x in registers");
   // Measured on sm_90 only, whose shared memory holds 4 such blocks an SM.
   const auto float_scales_elsewhere =
       auto_plan(problem(Mode::fp8, true, 1, 14336, 4096), *gb10);
@@ -201,6 +209,13 @@ int main() {
       auto_plan(problem(Mode::mxfp4, true, 16, 263 * 32, 4096), h200)
               .key.family == cu::KernelFamily::qmv,
       "16 rows, 263 wide blocks: narrow ones");
+  check(
+      cu::plan(
+          problem(Mode::mxfp4, true, 40, 14336, 4096),
+          h200,
+          cu::KernelRequest::decode)
+              .key.family == cu::KernelFamily::qmv,
+      "the decode kernel requested past 16 rows: narrow blocks");
   // 256 blocks of 4096 x 4096 stay unsplit (measured faster than split),
   // though E2M1's 4 blocks an SM leave half the slots empty.
   auto square = auto_plan(problem(Mode::mxfp4, true, 1, 4096, 4096), h200);
