@@ -34,23 +34,63 @@ def path(
     [
         ((1, K), "qmv"),
         ((16, K), "qmv"),
-        ((17, K), "simple"),
-        ((40, K), "simple"),
-        ((41, K), "dequantize_matmul"),
+        ((17, K), "tiled"),
+        ((64, K), "tiled"),
+        ((65, K), "dequantize_matmul"),
         ((4096, K), "dequantize_matmul"),
         # With 2-D weights every leading axis of x counts as rows.
-        ((2, 30, K), "dequantize_matmul"),
+        ((2, 33, K), "dequantize_matmul"),
     ],
 )
 def test_rows_choose_the_path(x_shape, expected):
-    plan = path(x_shape)
+    """float32 x on sm_80: past the decode rows split once into bfloat16 parts of
+    twice the rows for fp_qmm's block tiles, up to 64 rows (half its 128; on sm_90
+    fp_qmm_wgmma takes them: below)."""
+    plan = path(x_shape, device="sm_80")
     assert plan["path"] == expected, plan["note"]
+    if expected == "tiled":
+        assert plan["x_split"] is not None and plan["kernel"].endswith(
+            "_bfloat16_x32" if x_shape[0] <= 32 else "_bfloat16_x64"
+        )
     if expected == "dequantize_matmul":
         assert plan["kernel"] == "fpqmm_dequantize_e2m1_e8m0_float32"
         # A word of 8 codes per thread over W's 4096 x 4096 codes, up to 16
-        # blocks per SM of the H100/H200's 132.
-        assert plan["grid"] == (132 * 16, 1, 1)
+        # blocks per SM of the A100's 108.
+        assert plan["grid"] == (108 * 16, 1, 1)
         assert plan["block"] == (256, 1, 1)
+
+
+@pytest.mark.parametrize(
+    "M, expected",
+    [
+        (9, "qmv"),
+        (17, "wgmma"),
+        (40, "wgmma"),
+        (41, "wgmma"),
+        (512, "wgmma"),
+        (513, "dequantize_matmul"),
+    ],
+)
+def test_hopper_float32_rows_take_wgmma_in_parts(M, expected, monkeypatch):
+    """float32 x past the decode rows on sm_90: split once into bfloat16 high and
+    low parts, twice the rows, for fp_qmm_wgmma up to 512 rows (half its 1,024
+    with E2M1 codes); not at 9 rows of 4096 x 4096 (its 18 rows of parts are the
+    simple path's) nor past 512. With MLX_ENABLE_TF32=0, dequantize + matmul in
+    float32 past the simple path's 40 rows."""
+    plan = path((M, K))
+    assert plan["path"] == expected, plan["note"]
+    assert (plan.get("x_split") is not None) == (expected == "wgmma")
+    if expected == "wgmma":
+        assert plan["kernel"].startswith("fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_")
+        assert plan["x_split_bytes"] == 2 * M * K * 2
+        assert "split once into bfloat16 high and low parts" in plan["note"]
+    monkeypatch.setenv("MLX_ENABLE_TF32", "0")
+    assert path((M, K))["path"] == ("dequantize_matmul" if M > 40 else expected)
+
+
+def test_hopper_float32_e4m3_rows_take_wgmma_to_384():
+    assert path((384, K), mode="mxfp8")["path"] == "wgmma"
+    assert path((385, K), mode="mxfp8")["path"] == "dequantize_matmul"
 
 
 @pytest.mark.parametrize(
@@ -172,8 +212,11 @@ def test_wgmma_request():
 
 
 def test_tiled_request():
+    """float32 x takes fp_qmm in bfloat16 parts, but not with batched weights."""
     assert path((4096, K), kernel="tiled", dtype=mx.bfloat16)["path"] == "tiled"
     plan = path((4096, K), kernel="tiled")
+    assert plan["path"] == "tiled" and plan["x_split"] is not None
+    plan = path((2, 64, K), w_batch=(2,), kernel="tiled")
     assert plan["path"] == "simple"
     assert "tiled requested, not taken: float32 x" in plan["note"]
 

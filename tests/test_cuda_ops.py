@@ -86,17 +86,20 @@ def gather_tolerance(x, w_q, scales, rhs, mode, **kwargs):
 
 
 def check(mode, x, w_q, scales, transpose=True, global_scale=None):
-    """Ours on the GPU against the float64 reference and against ours on the CPU."""
+    """Ours on the GPU against the float64 reference and against ours on the CPU,
+    within the bound of the path that the plan takes (float32 x of many rows by
+    dequantize + matmul in TF32, or in bfloat16 parts by our kernels)."""
     kwargs = {"transpose": transpose}
     if global_scale is not None:
         kwargs["global_scale"] = global_scale
     y = product(mode, x, w_q, scales, GPU, **kwargs)
     assert y.dtype == x.dtype
     reference = qmm_reference(x, w_q, scales, mode, transpose, global_scale=global_scale)
-    bound = tolerance(x, w_q)
-    assert relative_error(y, reference) < bound
+    plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, transpose=transpose, device="cuda")
+    bound_ = bound(x.dtype, plan["path"] == "dequantize_matmul")
+    assert relative_error(y, reference) < bound_
     on_cpu = product(mode, x, w_q, scales, mx.cpu, **kwargs)
-    assert relative_error(y, (np.array(on_cpu.astype(mx.float32)), reference[1])) < bound
+    assert relative_error(y, (np.array(on_cpu.astype(mx.float32)), reference[1])) < bound_
     return y
 
 
@@ -175,13 +178,57 @@ def test_float32_decode_of_large_weights(mode, M, N, K):
     """float32 x of up to 8 rows times 8 MiB of W or more: the MLX formats split x
     once into bfloat16 high and low parts (the plan's x_split) for bfloat16's
     kernel (in its narrow blocks, its wide ones at 14336 rows, K split into partial
-    sums at 3072 x 8192 up to 4 rows); 9 rows, and the float-scale formats, multiply
-    x as it is."""
+    sums at 3072 x 8192 up to 4 rows); 9 rows only where wgmma takes the parts (14336
+    rows on sm_90), and the float-scale formats, multiply x as it is."""
     w_q, scales = quantized(mode, N, K)
     x = mx.random.normal((M, K))
     plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")
-    split = M <= 8 and mode in ("mxfp4", "nvfp4", "mxfp8")
+    by_wgmma = N == 14336 and on_hopper()
+    split = (M <= 8 or by_wgmma) and mode in ("mxfp4", "nvfp4", "mxfp8")
     assert (plan["x_split"] is not None) == split, plan["note"]
+    check(mode, x, w_q, scales)
+
+
+# Rows of W past the last block (8456), K split (1024 x 16384: the parts' sums
+# in the partials), blocks of 32, 128 and 256 rows of parts, and the most rows:
+# 512 with E2M1 codes, while mxfp8 (E4M3: 384) takes dequantize + matmul there.
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize(
+    "M, N, K",
+    [
+        (9, 8456, 2048),
+        (16, 14336, 4096),
+        (20, 1024, 16384),
+        (61, 2056, 2048),
+        (300, 2056, 512),
+        (512, 4096, 1024),
+    ],
+    ids=str,
+)
+def test_float32_in_parts_by_wgmma(mode, M, N, K):
+    """float32 x past 8 rows on sm_90 where bfloat16's plan of twice the rows is
+    fp_qmm_wgmma's: split once into bfloat16 high and low parts, whose two rows the
+    kernel adds as it stores y, up to half wgmma's rows rather than dequantize +
+    matmul. The float-scale modes multiply float32 x as it is."""
+    w_q, scales = quantized(mode, N, K)
+    x = mx.random.normal((M, K))
+    plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")
+    parts = on_hopper() and (mode in ("mxfp4", "nvfp4") or (mode == "mxfp8" and M <= 384))
+    assert (plan["path"] == "wgmma" and plan["x_split"] is not None) == parts, plan["note"]
+    check(mode, x, w_q, scales)
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("M, N, K", [(20, 1024, 4096), (61, 2056, 2048)], ids=str)
+def test_float32_in_parts_by_tiled(mode, M, N, K, monkeypatch):
+    """fp_qmm's parts (the plan's past 16 rows on GPUs before sm_90, forced here):
+    each row's two added as y is stored, or in the partials where K is split."""
+    monkeypatch.setenv("MLX_FPQMM_KERNEL", "tiled")
+    w_q, scales = quantized(mode, N, K)
+    x = mx.random.normal((M, K))
+    plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")
+    parts = mode in ("mxfp4", "nvfp4", "mxfp8")
+    assert (plan["path"] == "tiled" and plan["x_split"] is not None) == parts, plan["note"]
     check(mode, x, w_q, scales)
 
 
@@ -191,12 +238,14 @@ def test_float32_decode_of_large_weights(mode, M, N, K):
 def test_decode_of_two_x_blocks_in_wide_blocks(mode, dtype, M):
     """9 to 16 rows of x where the decode kernel's wide blocks half fill the
     GPU (9000 rows of W on 132 SMs): two blocks of 8 rows of x in each, for
-    every x type (float32 x of the float-scale modes is staged instead)."""
+    every x type (on sm_90 float32 x of the MLX formats goes in parts to wgmma,
+    of the float-scale modes it is staged)."""
     N, K = 9000, 16 * DEFAULT_GROUP_SIZE[mode]
     w_q, scales = quantized(mode, N, K)
     x = mx.random.normal((M, K)).astype(dtype)
-    kernel = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")["kernel"]
-    if on_hopper() and "_staged_" not in kernel:
+    plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")
+    kernel = plan["kernel"]
+    if on_hopper() and "_staged_" not in kernel and plan["x_split"] is None:
         assert kernel.startswith("fpqmm_qmv_wide_") and kernel.endswith("_x16"), kernel
     check(mode, x, w_q, scales)
 

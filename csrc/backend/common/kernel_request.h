@@ -1,5 +1,6 @@
 // A GPU plan's kernel requests by name (MLX_FPQMM_KERNEL, kernel_path's
-// kernel=): each plan has its table of names; the lookups are shared.
+// kernel=): each plan has its table of names; the lookups are shared. And
+// MLX's switch that the plans follow (MLX_ENABLE_TF32).
 #pragma once
 
 #include <array>
@@ -63,6 +64,14 @@ Request request_from_env(
         listed(names) + " for the " + std::string(kernels) + " kernels.");
   }
   return *request;
+}
+
+// MLX_ENABLE_TF32 (MLX's switch, default on): whether float32 x may be
+// multiplied at reduced precision (Apple's neural accelerators; on CUDA,
+// bfloat16 parts past the simple path's rows, as MLX's matmul takes TF32).
+inline bool tf32_enabled_from_env() {
+  const char* value = std::getenv("MLX_ENABLE_TF32");
+  return value == nullptr || *value == '\0' || std::atoi(value) != 0;
 }
 
 }  // namespace mlx_fpqmm

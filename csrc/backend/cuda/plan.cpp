@@ -534,25 +534,27 @@ void plan_grouped(
   plan.split_k_step = p.K;
 }
 
-// float32 x of up to kXPartsMaxRows rows times a W of one matrix of at
-// least kXPartsMinWeightBytes (x @ W^T): split once by fp_split_x into
-// bfloat16 high and low parts, which the bfloat16 plan of twice the rows
-// multiplies, adding each row's parts as it stores y (or, with K split, into
-// partials that the reduction adds up; not a cluster's sums), rather than
-// every block splitting its chunks of x again. Empty for
-// an empty x, where that plan is not fp_qmv's, where x as it is would be
-// staged (float32 x with float scales keeps code times scale in float32), or
-// on another request. (float16 x with float scales gained little for E2M1
-// codes and lost for E4M3: it keeps its own kernel.)
+// float32 x times one matrix of W with the MLX formats' scales (x @ W^T):
+// split once by fp_split_x into bfloat16 high and low parts, which the
+// bfloat16 plan of twice the rows multiplies, adding each row's parts as it
+// stores y (or, with K split, into partials that the reduction adds up; not
+// a cluster's sums), rather than every block splitting its chunks of x
+// again: up to kXPartsMaxRows rows where W has at least
+// kXPartsMinWeightBytes and that plan is fp_qmv's, wherever that plan is
+// fp_qmm_wgmma's, and past the decode range where it is fp_qmm's (the
+// float32 kernels would pass over W once for every 16 rows). Empty for an empty
+// x, for float scales (float32 x keeps code times scale in float32: staged),
+// where the bfloat16 plan is another, or on another request. (float16 x with
+// float scales gained little for E2M1 codes and lost for E4M3: it keeps its own
+// kernel.)
 std::optional<KernelPlan> plan_x_parts(
     const QmmProblem& p, const CudaDevice& device, KernelRequest request) {
-  const int64_t w_bytes = int64_t(p.N) * p.K * format_for(p.mode).bits / 8;
   if (!p.transpose || p.gather || p.batch_count() != 1 || p.M == 0 ||
-      p.K == 0 || p.M > kXPartsMaxRows || w_bytes < kXPartsMinWeightBytes ||
-      p.x_type != FloatType::float32 ||
+      p.K == 0 || p.x_type != FloatType::float32 ||
       !staged_reason(p, format_for(p.mode)).empty() ||
       (request != KernelRequest::automatic &&
-       request != KernelRequest::decode)) {
+       request != KernelRequest::decode && request != KernelRequest::wgmma &&
+       request != KernelRequest::tiled)) {
     return std::nullopt;
   }
   QmmProblem parts = p;
@@ -560,8 +562,13 @@ std::optional<KernelPlan> plan_x_parts(
   parts.M = 2 * p.M;
   KernelPlan plan = cuda::plan(parts, device, request);
   const auto family = plan.key.family;
-  if (family != KernelFamily::qmv && family != KernelFamily::qmv_wide &&
-      family != KernelFamily::qmv_cluster) {
+  const int64_t w_bytes = int64_t(p.N) * p.K * format_for(p.mode).bits / 8;
+  const bool decode =
+      (family == KernelFamily::qmv || family == KernelFamily::qmv_wide ||
+       family == KernelFamily::qmv_cluster) &&
+      p.M <= kXPartsMaxRows && w_bytes >= kXPartsMinWeightBytes;
+  const bool tiled = family == KernelFamily::qmm && p.M > kDecodeRows;
+  if (!decode && !tiled && family != KernelFamily::qmm_wgmma) {
     return std::nullopt;
   }
   if (plan.splits_in_cluster) {
@@ -634,6 +641,20 @@ std::string wgmma_reason(const QmmProblem& p, const CudaDevice& device) {
       p, device, wgmma_x_tiles_bytes(p, ceil_div(p.M, fc::kWgmmaXRows)));
 }
 
+int float32_parts_rows(const QmmProblem& p, const CudaDevice& device) {
+  if (p.x_type != FloatType::float32 || p.gather || p.batch_count() != 1 ||
+      !staged_reason(p, format_for(p.mode)).empty()) {
+    return 0;
+  }
+  QmmProblem parts = p;
+  parts.x_type = FloatType::bfloat16;
+  parts.M = 2 * p.M;
+  return wgmma_reason(parts, device).empty()
+             ? wgmma_max_rows(format_for(p.mode).bits) / 2
+         : tiled_reason(parts).empty() ? kTiledRows / 2
+                                       : 0;
+}
+
 std::string_view path_name(KernelPath path) {
   constexpr std::array<std::string_view, 7> names = {
       "qmv", "qvm", "simple", "dequantize_matmul", "grouped", "tiled", "wgmma"};
@@ -641,10 +662,12 @@ std::string_view path_name(KernelPath path) {
 }
 
 int primitive_rows(const QmmProblem& problem, const CudaDevice& device) {
+  const int parts_rows = float32_parts_rows(problem, device);
   return wgmma_reason(problem, device).empty()
              ? wgmma_max_rows(format_for(problem.mode).bits)
-         : tiled_reason(problem).empty() ? kTiledRows
-                                         : kSimpleRows;
+         : parts_rows > 0 && tf32_enabled_from_env() ? parts_rows
+         : tiled_reason(problem).empty()             ? kTiledRows
+                                                     : kSimpleRows;
 }
 
 bool dequantize_then_matmul(

@@ -46,7 +46,9 @@ inline constexpr int kMinimumMajor = 8;
 // by fp_qmm_grouped from kTiledGroupRows rows an expert.
 // wgmma: x @ W^T with bfloat16 x on sm_90 (Hopper) by fp_qmm_wgmma, past
 // kWgmmaMinRows rows up to wgmma_max_rows, where it runs (wgmma_reason);
-// fp_wgmma_tile_x lays x out for it first.
+// fp_wgmma_tile_x lays x out for it first. float32 x with the MLX formats'
+// scales takes it, or tiled elsewhere, as bfloat16 parts of twice the rows
+// (float32_parts_rows).
 enum class KernelPath {
   qmv,
   qvm,
@@ -151,8 +153,14 @@ inline constexpr int kWgmmaGroupRows = 48;
 bool dequantize_then_matmul(
     const QmmProblem& problem, const CudaDevice& device, KernelRequest request);
 // The most rows per W matrix that the primitive takes for `problem` on
-// `device` when automatic.
+// `device` when automatic: for float32 x in bfloat16 parts (twice the rows)
+// float32_parts_rows where MLX_ENABLE_TF32 allows reduced precision (the
+// parts keep 16 significant bits of x, TF32 11), else kSimpleRows.
 int primitive_rows(const QmmProblem& problem, const CudaDevice& device);
+// The most rows of float32 x that fp_qmm_wgmma or else fp_qmm take in
+// bfloat16 parts for `problem` on `device` (half their rows; plan_x_parts),
+// 0 where neither takes them.
+int float32_parts_rows(const QmmProblem& problem, const CudaDevice& device);
 
 // A gather (mixture of experts) without lhs_indices, as the choice of
 // dequantize + gather_mm sees it: every expert dequantized in x's type, then

@@ -93,11 +93,6 @@ int decode_row_limit(const QmmProblem& problem, const GpuDevice& device) {
   return extent <= 2048 ? row.small : extent <= 4096 ? row.medium : row.large;
 }
 
-bool tf32_enabled_from_env() {
-  const char* value = std::getenv("MLX_ENABLE_TF32");
-  return value == nullptr || *value == '\0' || std::atoi(value) != 0;
-}
-
 std::pair<int, int> parse_os_version(const std::string& version) {
   int major = 0;
   int minor = 0;

@@ -34,10 +34,6 @@ CoreRange gpu_core_range(const GpuDevice& device);
 // kernels; MLX's table for transpose=True, by GPU generation and size class.
 int decode_row_limit(const QmmProblem& problem, const GpuDevice& device);
 
-// MLX_ENABLE_TF32 (MLX's switch, default on): whether float32 x may run on
-// the neural accelerators, which multiply float32 at reduced precision.
-bool tf32_enabled_from_env();
-
 // The metallibs, installed beside the module as <name>.metallib. The NAX
 // kernels have their own: it needs Metal 4, which not every SDK builds.
 inline constexpr std::string_view kBaseLibrary = "mlx_fpqmm";

@@ -345,21 +345,32 @@ __device__ __forceinline__ void fp_qmm_impl(
   wait_async<0>();
 
   const float factor = op.factor * power_of_two(scale_shift<encoding>());
+  // x in parts (fp_split_x's rows 2m and 2m + 1: sums i and i + 1 of a lane)
+  // straight into row m of y (of M / 2), float32 like x; into partials, the
+  // reduction adds them.
+  const bool parts = args.x_parts == 2 && !partials;
 #pragma unroll
   for (int t = 0; t < tiles; ++t) {
 #pragma unroll
     for (int b = 0; b < x_blocks; ++b) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        store_output(
-            sums[t][b][i] * factor,
-            m0 + b * kXBlockRows + 2 * lane.thread + i % 2,
-            n0 + w_rows[t][i / 2],
-            M,
-            args.N,
-            y,
-            partials,
-            rows);
+        const int m = m0 + b * kXBlockRows + 2 * lane.thread + i % 2;
+        const int n = n0 + w_rows[t][i / 2];
+        if (!parts) {
+          store_output(
+              sums[t][b][i] * factor, m, n, M, args.N, y, partials, rows);
+        } else if (i % 2 == 0) {
+          store_output(
+              (sums[t][b][i] + sums[t][b][i + 1]) * factor,
+              m / 2,
+              n,
+              M / 2,
+              args.N,
+              reinterpret_cast<float*>(y),
+              partials,
+              rows);
+        }
       }
     }
   }

@@ -487,30 +487,54 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
     return;
   }
   // Through shared memory, for whole 16-byte units of y's rows (the plan
-  // takes N a multiple of 8).
+  // takes N a multiple of 8): y's values, or with x in parts (fp_split_x's
+  // rows 2m and 2m + 1: accumulators e and e + 1 of a lane) the float32 sum
+  // of each row's two, row m of y (of M / 2), which is float32 like x.
   constexpr int pitch = wgmma_out_pitch(tiles);
-  auto* out = reinterpret_cast<T*>(shared);
+  const int parts = args.x_parts == 2 ? 2 : 1;
+  if (parts == 2) {
+    auto* out = reinterpret_cast<float*>(shared);
 #pragma unroll
-  for (int i = 0; i < tiles; ++i) {
+    for (int i = 0; i < tiles; ++i) {
 #pragma unroll
-    for (int e = 0; e < accumulators; ++e) {
-      out[(e / 4 * 8 + 2 * lane.thread + e % 2) * (pitch / 2) +
-          w_row(i, e % 4 / 2)] = static_cast<T>(total(i, e));
+      for (int e = 0; e < accumulators; e += 2) {
+        out[(e / 4 * 4 + lane.thread) * (pitch / 2) + w_row(i, e % 4 / 2)] =
+            total(i, e) + total(i, e + 1);
+      }
+    }
+  } else {
+    auto* out = reinterpret_cast<T*>(shared);
+#pragma unroll
+    for (int i = 0; i < tiles; ++i) {
+#pragma unroll
+      for (int e = 0; e < accumulators; ++e) {
+        out[(e / 4 * 8 + 2 * lane.thread + e % 2) * (pitch / 2) +
+            w_row(i, e % 4 / 2)] = static_cast<T>(total(i, e));
+      }
     }
   }
   __syncthreads();
-  constexpr int row_units = block_rows / 8;
-  for (int u = threadIdx.x; u < x_rows * row_units; u += kWgmmaThreads) {
+  // A unit: 8 values of y's 16-bit type, or 4 float32 sums of parts (whose
+  // rows in shared memory are twice as long).
+  const int unit_values = 8 / parts;
+  const int value_bytes = 2 * parts;
+  const int row_units = block_rows / unit_values;
+  const int y_rows = M / parts;
+  const int y_m0 = m0 / parts;
+  const uint32_t nan = parts == 2 ? __float_as_uint(quiet_nan())
+                                  : bits_of(__float2bfloat162_rn(quiet_nan()));
+  const uint4 nans = {nan, nan, nan, nan};
+  for (int u = threadIdx.x; u < x_rows / parts * row_units;
+       u += kWgmmaThreads) {
     const int m = u / row_units;
-    const int n = u % row_units * 8;
-    if (m0 + m < M && n0 + n < N) {
-      const __nv_bfloat162 nan = __float2bfloat162_rn(quiet_nan());
-      const uint4 nans = {
-          bits_of(nan), bits_of(nan), bits_of(nan), bits_of(nan)};
-      *reinterpret_cast<uint4*>(y + rows.y(m0 + m) * N + n0 + n) =
-          rows.valid(m0 + m)
+    const int n = u % row_units * unit_values;
+    if (y_m0 + m < y_rows && n0 + n < N) {
+      *reinterpret_cast<uint4*>(
+          reinterpret_cast<uint8_t*>(y) +
+          (rows.y(y_m0 + m) * N + n0 + n) * value_bytes) =
+          rows.valid(y_m0 + m)
               ? *reinterpret_cast<const uint4*>(
-                    reinterpret_cast<const uint8_t*>(out) + m * pitch + n * 2)
+                    shared + m * pitch * parts + n * value_bytes)
               : nans;
     }
   }

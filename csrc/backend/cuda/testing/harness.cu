@@ -685,6 +685,30 @@ std::vector<Case> test_cases() {
       cases.push_back(c);
     }
   }
+  // float32 x in parts past 8 rows where bfloat16's plan of twice the rows is
+  // fp_qmm_wgmma's (sm_90; fp_qmm's on sm_80 past 16 rows; with float scales
+  // the float32 kernels): rows of W past the last block (8456), a partial last stage
+  // (2912), K split (1024 x 16384), blocks of 32, 128 and 256 rows of parts,
+  // non-finite values.
+  for (const auto& m : kModes) {
+    const int partial_k = m.group_size == 64 ? 2880 : 2912;
+    for (auto [M, N, K, nonfinite] :
+         {std::tuple{9, 8456, partial_k, false}, {16, 8456, 2048, false},
+          {20, 1024, 16384, false}, {61, 2056, 2048, false},
+          {300, 2056, 512, false}, {13, 16384, 512, true}}) {
+      Case c{name(m, "f32", true, M, N, K, " x parts wgmma"), m.mode,
+             m.group_size, FloatType::float32, m.scale_type, true, M, N, K};
+      c.global_scale = m.mode == Mode::nvfp4;
+      c.nonfinite = nonfinite;
+      cases.push_back(c);
+      // fp_qmm's parts, as planned for sm_80 (17 to 64 rows).
+      if (M > 16 && M <= 64) {
+        c.name = name(m, "f32", true, M, N, K, " x parts tiled sm_80");
+        c.as_sm80 = true;
+        cases.push_back(c);
+      }
+    }
+  }
   // E8M0 scales at the float16 windows' edges and float16 subnormal x
   // (qmv, and tiled at 24 rows).
   for (const auto& m : {kModes[0], kModes[2]}) {
@@ -1146,7 +1170,7 @@ void bench(const std::string& only) {
       for (int M : {1, 2, 4, 8, 16, 24, 32, 64, 128, 256, 512, 1024, 4096}) {
         for (const auto& [type, tname] : kTypes) {
           const bool decode = M <= 16;
-          if (!decode && type != FloatType::bfloat16) {
+          if (!decode && type == FloatType::float16) {
             continue;
           }
           QmmProblem p{};
@@ -1176,6 +1200,23 @@ void bench(const std::string& only) {
             if (wide_planned(p)) {
               run_dense(label + " narrow", p, nullptr, nullptr, wb, sb, set_w, set_s,
                         twice_the_sms);
+            }
+            continue;
+          }
+          if (type == FloatType::float32) {
+            // In parts by wgmma (fp_qmm as planned for sm_80) beside the
+            // float32 kernels of the simple path (one pass over W per 16 rows).
+            for (auto request : {cu::KernelRequest::automatic, cu::KernelRequest::simple}) {
+              if (M > 512 || (request == cu::KernelRequest::simple && M > 64)) {
+                continue;
+              }
+              const std::string label = shape + " prefill M=" + std::to_string(M) + " f32 " +
+                  std::string(cu::request_name(request));
+              run_dense(label, p, nullptr, nullptr, wb, sb, set_w, set_s, {}, request);
+              if (M <= 64) {
+                run_dense(label + " sm_80 plan", p, nullptr, nullptr, wb, sb, set_w, set_s,
+                          {8, 0, device.sm_count}, request);
+              }
             }
             continue;
           }

@@ -85,6 +85,7 @@ bool throws(F&& f) {
 int main() {
   const auto h200 = *cu::device_from_name("sm_90");
   check(h200.major == 9 && h200.minor == 0 && h200.sm_count == 132, "sm_90");
+  const auto a100 = cu::CudaDevice{8, 0, 108};
   check(cu::device_from_name("sm_90a")->sm_count == 132, "sm_90a");
   const auto gb10 = cu::device_from_name("sm_121");
   check(gb10 && gb10->major == 12 && gb10->minor == 1, "sm_121");
@@ -181,12 +182,47 @@ int main() {
           eight_f32_plan.x_split_bytes == 16 * 4096 * 2 &&
           !eight_f32_plan.reduction,
       "8 rows of float32 x: parts in wide blocks of two x blocks");
+  // Past 8 rows, the parts where bfloat16's plan of twice the rows is
+  // fp_qmm_wgmma's (18 rows of 14336: its blocks of 128 W rows half fill the
+  // GPU), which adds each row's two as it stores y; else float32 x split in
+  // each pass (bfloat16's 18 rows of 4096 are the simple path's).
   big_f32.M = 9;
+  const auto nine_f32_plan = auto_plan(big_f32, h200);
+  check(
+      nine_f32_plan.path == cu::KernelPath::wgmma &&
+          nine_f32_plan.x_parts == 2 &&
+          nine_f32_plan.main.kernel ==
+              "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x32_w128" &&
+          nine_f32_plan.x_split &&
+          nine_f32_plan.x_split_bytes == 18 * 4096 * 2 &&
+          nine_f32_plan.x_tiles &&
+          nine_f32_plan.x_tiles_bytes == 128 * 4096 * 2 &&
+          !nine_f32_plan.reduction &&
+          cu::kernel_args(big_f32, nine_f32_plan).M == 18,
+      "9 rows of float32 x: parts by wgmma, " + nine_f32_plan.main.kernel);
+  big_f32.N = 4096;
   check(
       !auto_plan(big_f32, h200).x_split &&
           auto_plan(big_f32, h200).main.kernel ==
-              "fpqmm_qmv_wide_e4m3_e8m0_float32_x16",
-      "9 rows of float32 x: split in each pass");
+              "fpqmm_qmv_e4m3_e8m0_float32_x16",
+      "9 rows of float32 x, 4096 x 4096: split in each pass");
+  check(
+      !auto_plan(big_f32, a100).x_split &&
+          auto_plan(big_f32, a100).key.x_type == FloatType::float32,
+      "9 rows of float32 x on sm_80: split in each pass");
+  // Where wgmma splits K (8 blocks of 40 rows of parts), each row's parts
+  // go to the partials, which the float32 reduction adds up.
+  auto split_f32 = problem(Mode::mxfp4, true, 20, 1024, 16384);
+  split_f32.x_type = FloatType::float32;
+  const auto split_f32_plan = auto_plan(split_f32, h200);
+  check(
+      split_f32_plan.path == cu::KernelPath::wgmma &&
+          split_f32_plan.x_parts == 2 && split_f32_plan.split_k > 1 &&
+          split_f32_plan.reduction &&
+          split_f32_plan.reduction->kernel == "fpqmm_split_k_sum_float32" &&
+          split_f32_plan.partials_bytes ==
+              int64_t(split_f32_plan.split_k) * 40 * 1024 * 4,
+      "float32 x in parts by wgmma, K split: " + split_f32_plan.note);
   // 264 wide blocks half fill it; 263 do not, and the narrow blocks run.
   check(
       auto_plan(problem(Mode::mxfp4, true, 1, 264 * 32, 4096), h200)
@@ -305,7 +341,6 @@ int main() {
       narrow.split_k > 8 && !narrow.splits_in_cluster && narrow.reduction &&
           narrow.key.family == cu::KernelFamily::qmv,
       "64 x 14336 split " + std::to_string(narrow.split_k));
-  const auto a100 = cu::CudaDevice{8, 0, 108};
   auto ampere = auto_plan(problem(Mode::mxfp4, true, 1, 1024, 4096), a100);
   check(
       ampere.split_k >= 2 && !ampere.splits_in_cluster &&
@@ -338,12 +373,25 @@ int main() {
       "tiled: 64 x rows a block past kQmmSmallRows");
   auto f32_problem = problem(Mode::mxfp8, true, 40, 14336, 4096);
   f32_problem.x_type = FloatType::float32;
-  auto f32_m40 = auto_plan(f32_problem, h200);
+  auto f32_m40 = cu::plan(f32_problem, a100, cu::KernelRequest::simple);
   check(
       f32_m40.path == cu::KernelPath::simple &&
           f32_m40.main.grid[1] == 3 * f32_m40.split_k &&
-          f32_m40.note.find("float32 x") != std::string::npos,
-      "M=40 float32 x: simple over 3 x blocks");
+          f32_m40.key.x_type == FloatType::float32,
+      "M=40 float32 x, simple requested: over 3 x blocks");
+  auto f32_m40_tiled = auto_plan(f32_problem, a100);
+  check(
+      f32_m40_tiled.path == cu::KernelPath::tiled &&
+          f32_m40_tiled.x_parts == 2 &&
+          f32_m40_tiled.main.kernel == "fpqmm_qmm_e4m3_e8m0_bfloat16_x64" &&
+          f32_m40_tiled.x_split_bytes == 80 * 4096 * 2,
+      "M=40 float32 x on sm_80: parts by fp_qmm, " + f32_m40_tiled.main.kernel);
+  auto f32_m40_hopper = auto_plan(f32_problem, h200);
+  check(
+      f32_m40_hopper.path == cu::KernelPath::wgmma &&
+          f32_m40_hopper.x_parts == 2 &&
+          f32_m40_hopper.key.x_type == FloatType::bfloat16,
+      "M=40 float32 x on sm_90: parts by wgmma");
   auto scales_unaligned = problem(Mode::mxfp4, true, 64, 4096, 4096);
   scales_unaligned.scales_alignment = 2;
   check(
@@ -441,15 +489,41 @@ int main() {
       !deq(rows(cu::kTiledRows), KernelRequest::automatic) &&
           deq(rows(cu::kTiledRows + 1), KernelRequest::automatic) &&
           !deq(
-              rows(cu::kSimpleRows, FloatType::float32),
+              rows(cu::kTiledRows / 2, FloatType::float32),
               KernelRequest::automatic) &&
-          deq(rows(cu::kSimpleRows + 1, FloatType::float32),
+          deq(rows(cu::kTiledRows / 2 + 1, FloatType::float32),
               KernelRequest::automatic) &&
           !deq(rows(4096), KernelRequest::simple) &&
           !deq(rows(4096), KernelRequest::decode) &&
           !deq(rows(4096), KernelRequest::tiled) &&
           deq(rows(1), KernelRequest::dequantize),
-      "dequantize + matmul above the tiled (or simple) rows");
+      "dequantize + matmul above the tiled rows (float32 x's parts: half)");
+  // On sm_90 float32 x's parts by wgmma up to half its rows (E2M1 1024, E4M3
+  // 768), unless MLX_ENABLE_TF32=0 asks for float32's precision past the
+  // simple path's rows; float scales keep float32 x.
+  auto hopper_rows = [&](Mode mode, int M) {
+    auto p = problem(mode, true, M, 4096, 4096);
+    p.x_type = FloatType::float32;
+    return cu::dequantize_then_matmul(p, h200, KernelRequest::automatic);
+  };
+  check(
+      !hopper_rows(Mode::mxfp4, 512) && hopper_rows(Mode::mxfp4, 513) &&
+          !hopper_rows(Mode::mxfp8, 384) && hopper_rows(Mode::mxfp8, 385) &&
+          !hopper_rows(Mode::fp4, cu::kSimpleRows) &&
+          hopper_rows(Mode::fp4, cu::kSimpleRows + 1),
+      "float32 x on sm_90: the primitive up to half wgmma's rows");
+  setenv("MLX_ENABLE_TF32", "0", 1);
+  check(
+      !hopper_rows(Mode::mxfp4, cu::kSimpleRows) &&
+          hopper_rows(Mode::mxfp4, cu::kSimpleRows + 1) &&
+          !deq(
+              rows(cu::kSimpleRows, FloatType::float32),
+              KernelRequest::automatic) &&
+          deq(rows(cu::kSimpleRows + 1, FloatType::float32),
+              KernelRequest::automatic),
+      "MLX_ENABLE_TF32=0: float32 x past the simple rows by dequantize + "
+      "matmul");
+  unsetenv("MLX_ENABLE_TF32");
   // A gather: pairs of one row (sorted here unless sorted with x in pair
   // order) from 192 rows an expert, within MLX's grouped GEMM's 1024 experts
   // and 4 GiB of dequantized experts; any layout on request.
@@ -719,7 +793,8 @@ int main() {
   auto two_parts = problem(Mode::mxfp4, true, 32, 4096, 4096);
   two_parts.x_type = FloatType::float32;
   check(
-      auto_plan(two_parts, h200).main.kernel.ends_with("_x16") &&
+      cu::plan(two_parts, a100, KernelRequest::simple)
+              .main.kernel.ends_with("_x16") &&
           cu::plan(
               problem(Mode::mxfp4, true, 40, 14336, 4096),
               a100,
