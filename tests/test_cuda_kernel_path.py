@@ -50,7 +50,7 @@ def test_rows_choose_the_path(x_shape, expected):
     assert plan["path"] == expected, plan["note"]
     if expected == "tiled":
         assert plan["x_split"] is not None and plan["kernel"].endswith(
-            "_bfloat16_x32" if x_shape[0] <= 32 else "_bfloat16_x64"
+            "_float32_x32" if x_shape[0] <= 32 else "_float32_x64"
         )
     if expected == "dequantize_matmul":
         assert plan["kernel"] == "fpqmm_dequantize_e2m1_e8m0_float32"
@@ -81,7 +81,7 @@ def test_hopper_float32_rows_take_wgmma_in_parts(M, expected, monkeypatch):
     assert plan["path"] == expected, plan["note"]
     assert (plan.get("x_split") is not None) == (expected == "wgmma")
     if expected == "wgmma":
-        assert plan["kernel"].startswith("fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_")
+        assert plan["kernel"].startswith("fpqmm_qmm_wgmma_e2m1_e8m0_float32_")
         assert plan["x_split_bytes"] == 2 * M * K * 2
         assert "split once into bfloat16 high and low parts" in plan["note"]
     monkeypatch.setenv("MLX_ENABLE_TF32", "0")

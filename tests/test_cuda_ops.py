@@ -179,19 +179,20 @@ def test_float32_decode_of_large_weights(mode, M, N, K):
     once into bfloat16 high and low parts (the plan's x_split) for bfloat16's
     kernel (in its narrow blocks, its wide ones at 14336 rows, K split into partial
     sums at 3072 x 8192 up to 4 rows); 9 rows only where wgmma takes the parts (14336
-    rows on sm_90), and the float-scale formats, multiply x as it is."""
+    rows of E2M1 codes on sm_90), and the float-scale formats, multiply x as it is."""
     w_q, scales = quantized(mode, N, K)
     x = mx.random.normal((M, K))
     plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")
-    by_wgmma = N == 14336 and on_hopper()
+    by_wgmma = N == 14336 and on_hopper() and mode != "mxfp8"
     split = (M <= 8 or by_wgmma) and mode in ("mxfp4", "nvfp4", "mxfp8")
     assert (plan["x_split"] is not None) == split, plan["note"]
     check(mode, x, w_q, scales)
 
 
-# Rows of W past the last block (8456), K split (1024 x 16384: the parts' sums
-# in the partials), blocks of 32, 128 and 256 rows of parts, and the most rows:
-# 512 with E2M1 codes, while mxfp8 (E4M3: 384) takes dequantize + matmul there.
+# Rows of W past the last block (8456), K split (1024 x 16384 and 8192: the
+# parts' sums in the partials), blocks of 32, 128 and 256 rows of parts, and the
+# most rows: 512 with E2M1 codes, while mxfp8 (E4M3: 384) takes dequantize +
+# matmul there.
 @pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize(
     "M, N, K",
@@ -199,6 +200,7 @@ def test_float32_decode_of_large_weights(mode, M, N, K):
         (9, 8456, 2048),
         (16, 14336, 4096),
         (20, 1024, 16384),
+        (48, 1024, 8192),
         (61, 2056, 2048),
         (300, 2056, 512),
         (512, 4096, 1024),
@@ -209,11 +211,13 @@ def test_float32_in_parts_by_wgmma(mode, M, N, K):
     """float32 x past 8 rows on sm_90 where bfloat16's plan of twice the rows is
     fp_qmm_wgmma's: split once into bfloat16 high and low parts, whose two rows the
     kernel adds as it stores y, up to half wgmma's rows rather than dequantize +
-    matmul. The float-scale modes multiply float32 x as it is."""
+    matmul; with E4M3 codes past 16 rows where wgmma's blocks of 128 W rows half
+    fill the GPU, else past 40. The float-scale modes multiply float32 x as it is."""
     w_q, scales = quantized(mode, N, K)
     x = mx.random.normal((M, K))
     plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")
-    parts = on_hopper() and (mode in ("mxfp4", "nvfp4") or (mode == "mxfp8" and M <= 384))
+    e4m3 = mode == "mxfp8" and 16 < M <= 384 and (N > 8320 or M > 40)
+    parts = on_hopper() and (mode in ("mxfp4", "nvfp4") or e4m3)
     assert (plan["path"] == "wgmma" and plan["x_split"] is not None) == parts, plan["note"]
     check(mode, x, w_q, scales)
 

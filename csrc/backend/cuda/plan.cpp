@@ -567,9 +567,28 @@ std::optional<KernelPlan> plan_x_parts(
       (family == KernelFamily::qmv || family == KernelFamily::qmv_wide ||
        family == KernelFamily::qmv_cluster) &&
       p.M <= kXPartsMaxRows && w_bytes >= kXPartsMinWeightBytes;
+  // E4M3 codes by wgmma: only past the decode rows, and past the simple
+  // path's rows where wgmma's blocks of 128 W rows would not half fill the
+  // GPU. Measured on an H100, kernels alone, the float32 kernels / the
+  // parts by wgmma, mxfp8 (docs/cuda-log.md, "Fifth session of 2026-12-07"):
+  // 14336 x 4096 at 16 rows 43.0 / 46.3 us, at 32 rows 79.0 / 51.6; 4096 x
+  // 4096 at 32 rows 23.6 / 26.3 (E2M1 codes 31.4 / 23.0).
+  const bool wgmma =
+      family == KernelFamily::qmm_wgmma &&
+      (format_for(p.mode).bits == 4 ||
+       (p.M > kDecodeRows &&
+        (p.M > kSimpleRows ||
+         half_fills(ceil_div(p.N, fc::wgmma_rows_per_block(1)), 1, device))));
   const bool tiled = family == KernelFamily::qmm && p.M > kDecodeRows;
-  if (!decode && !tiled && family != KernelFamily::qmm_wgmma) {
+  if (!decode && !tiled && !wgmma) {
     return std::nullopt;
+  }
+  if (!decode) {
+    // Their own instantiations, which add each row's parts as they store y
+    // (a test of QmmArgs::x_parts in the bfloat16 kernels, as the decode
+    // kernels have, changed their machine code: 1-8% slower at 32 rows).
+    plan.key.x_type = FloatType::float32;
+    plan.main.kernel = kernel_name(plan.key);
   }
   if (plan.splits_in_cluster) {
     // The cluster's splits, in partial sums.

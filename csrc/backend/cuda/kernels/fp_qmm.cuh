@@ -89,6 +89,7 @@ template <
     int encoding,
     int x_blocks,
     int stages = qmm_stages(bits, x_blocks),
+    bool x_parts = false,
     typename Rows = ContiguousRows>
 __device__ __forceinline__ void fp_qmm_impl(
     const QmmArgs& args,
@@ -348,7 +349,6 @@ __device__ __forceinline__ void fp_qmm_impl(
   // x in parts (fp_split_x's rows 2m and 2m + 1: sums i and i + 1 of a lane)
   // straight into row m of y (of M / 2), float32 like x; into partials, the
   // reduction adds them.
-  const bool parts = args.x_parts == 2 && !partials;
 #pragma unroll
   for (int t = 0; t < tiles; ++t) {
 #pragma unroll
@@ -357,7 +357,7 @@ __device__ __forceinline__ void fp_qmm_impl(
       for (int i = 0; i < 4; ++i) {
         const int m = m0 + b * kXBlockRows + 2 * lane.thread + i % 2;
         const int n = n0 + w_rows[t][i / 2];
-        if (!parts) {
+        if (!x_parts || partials) {
           store_output(
               sums[t][b][i] * factor, m, n, M, args.N, y, partials, rows);
         } else if (i % 2 == 0) {
@@ -376,7 +376,13 @@ __device__ __forceinline__ void fp_qmm_impl(
   }
 }
 
-template <typename T, int bits, int encoding, int x_blocks>
+// x_parts: x is float32's bfloat16 parts (QmmArgs::x_parts), y float32.
+template <
+    typename T,
+    int bits,
+    int encoding,
+    int x_blocks,
+    bool x_parts = false>
 __global__ void __launch_bounds__(kQmmThreads, qmm_min_blocks(x_blocks))
     fp_qmm(const QmmArgs args) {
   extern __shared__ uint4 shared_words[];
@@ -391,7 +397,13 @@ __global__ void __launch_bounds__(kQmmThreads, qmm_min_blocks(x_blocks))
           int k_end,
           T* y,
           float* partials) {
-        fp_qmm_impl<T, bits, encoding, x_blocks>(
+        fp_qmm_impl<
+            T,
+            bits,
+            encoding,
+            x_blocks,
+            qmm_stages(bits, x_blocks),
+            x_parts>(
             args, op, shared, args.M, m0, n0, k_begin, k_end, y, partials);
       });
 }

@@ -168,6 +168,7 @@ template <
     int encoding,
     int tiles,
     int x_rows,
+    bool x_parts = false,
     typename Rows = ContiguousRows>
 __device__ __forceinline__ void fp_qmm_wgmma_impl(
     const QmmArgs& args,
@@ -491,8 +492,8 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   // rows 2m and 2m + 1: accumulators e and e + 1 of a lane) the float32 sum
   // of each row's two, row m of y (of M / 2), which is float32 like x.
   constexpr int pitch = wgmma_out_pitch(tiles);
-  const int parts = args.x_parts == 2 ? 2 : 1;
-  if (parts == 2) {
+  constexpr int parts = x_parts ? 2 : 1;
+  if constexpr (x_parts) {
     auto* out = reinterpret_cast<float*>(shared);
 #pragma unroll
     for (int i = 0; i < tiles; ++i) {
@@ -516,19 +517,18 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   __syncthreads();
   // A unit: 8 values of y's 16-bit type, or 4 float32 sums of parts (whose
   // rows in shared memory are twice as long).
-  const int unit_values = 8 / parts;
-  const int value_bytes = 2 * parts;
-  const int row_units = block_rows / unit_values;
-  const int y_rows = M / parts;
+  constexpr int unit_values = 8 / parts;
+  constexpr int value_bytes = 2 * parts;
+  constexpr int row_units = block_rows / unit_values;
   const int y_m0 = m0 / parts;
-  const uint32_t nan = parts == 2 ? __float_as_uint(quiet_nan())
-                                  : bits_of(__float2bfloat162_rn(quiet_nan()));
-  const uint4 nans = {nan, nan, nan, nan};
   for (int u = threadIdx.x; u < x_rows / parts * row_units;
        u += kWgmmaThreads) {
     const int m = u / row_units;
     const int n = u % row_units * unit_values;
-    if (y_m0 + m < y_rows && n0 + n < N) {
+    if (y_m0 + m < M / parts && n0 + n < N) {
+      const uint32_t nan = x_parts ? __float_as_uint(quiet_nan())
+                                   : bits_of(__float2bfloat162_rn(quiet_nan()));
+      const uint4 nans = {nan, nan, nan, nan};
       *reinterpret_cast<uint4*>(
           reinterpret_cast<uint8_t*>(y) +
           (rows.y(y_m0 + m) * N + n0 + n) * value_bytes) =
@@ -557,7 +557,8 @@ __device__ __forceinline__ void init_wgmma_barriers(uint8_t* shared) {
   __syncthreads();
 }
 
-template <int bits, int encoding, int tiles, int x_rows>
+// x_parts: x is float32's bfloat16 parts (QmmArgs::x_parts), y float32.
+template <int bits, int encoding, int tiles, int x_rows, bool x_parts = false>
 __global__ void __launch_bounds__(kWgmmaThreads, 1)
     fp_qmm_wgmma(const QmmArgs args) {
 #if FPQMM_SM90A
@@ -575,7 +576,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
           int k_end,
           __nv_bfloat16* y,
           float* partials) {
-        fp_qmm_wgmma_impl<bits, encoding, tiles, x_rows>(
+        fp_qmm_wgmma_impl<bits, encoding, tiles, x_rows, x_parts>(
             args,
             op,
             shared,

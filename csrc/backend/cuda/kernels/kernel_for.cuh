@@ -19,6 +19,12 @@ namespace fpqmm::cuda {
 template <int value>
 using Int = std::integral_constant<int, value>;
 
+// The MLX formats' scales (E8M0, E4M3), whose float32 x the plan may split
+// into bfloat16 parts for fp_qmm and fp_qmm_wgmma.
+template <int encoding>
+inline constexpr bool kMlxScales =
+    encoding == kScaleE8M0 || encoding == kScaleE4M3;
+
 template <typename F>
 void with_encoding(ScaleEncoding encoding, F&& f) {
   switch (encoding) {
@@ -91,8 +97,10 @@ void with_wgmma_x_rows(int x_blocks, F&& f) {
 // fp_qmv, fp_qmv_wide, fp_qmv_cluster, fp_qmv_grouped, fp_qmv_staged,
 // fp_qvm, fp_qmm, fp_qmm_grouped, fp_qmm_wgmma(_grouped) or fp_dequantize
 // for `key` (of x type T and `bits`-wide codes); null for E4M3 scales with E4M3
-// codes, which no format has, for fp_qmm with float32 x and for fp_qmm_wgmma
-// with other than bfloat16 x.
+// codes, which no format has, for fp_qmm and fp_qmm_wgmma with float16 x
+// (wgmma) or float32 x with float scales, and for their grouped kernels with
+// float32 x. fp_qmm and fp_qmm_wgmma for float32 x multiply its bfloat16
+// parts (plan_x_parts) and add each row's two as they store y.
 template <typename T, int bits>
 const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
   const void* kernel = nullptr;
@@ -142,19 +150,31 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
                            : reinterpret_cast<const void*>(
                                  &fp_qmm_grouped<T, bits, encoding, x_blocks>);
             });
+          } else if constexpr (kMlxScales<encoding>) {
+            if (key.family == KernelFamily::qmm) {
+              with_qmm_x_blocks(key.x_blocks, [&](auto x_blocks) {
+                kernel = reinterpret_cast<const void*>(
+                    &fp_qmm<__nv_bfloat16, bits, encoding, x_blocks, true>);
+              });
+            }
           }
           break;
         case KernelFamily::qmm_wgmma:
         case KernelFamily::qmm_wgmma_grouped:
-          if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+          if constexpr (
+              std::is_same_v<T, __nv_bfloat16> ||
+              (std::is_same_v<T, float> && kMlxScales<encoding>)) {
+            constexpr bool x_parts = std::is_same_v<T, float>;
             if (key.family == KernelFamily::qmm_wgmma_grouped) {
-              kernel = reinterpret_cast<const void*>(
-                  &fp_qmm_wgmma_grouped<bits, encoding, 2>);
+              if constexpr (!x_parts) {
+                kernel = reinterpret_cast<const void*>(
+                    &fp_qmm_wgmma_grouped<bits, encoding, 2>);
+              }
             } else {
               with_wgmma_tiles(key.w_tiles, [&](auto tiles) {
                 with_wgmma_x_rows<tiles>(key.x_blocks, [&](auto x_rows) {
                   kernel = reinterpret_cast<const void*>(
-                      &fp_qmm_wgmma<bits, encoding, tiles, x_rows>);
+                      &fp_qmm_wgmma<bits, encoding, tiles, x_rows, x_parts>);
                 });
               });
             }

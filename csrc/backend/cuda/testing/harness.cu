@@ -688,13 +688,14 @@ std::vector<Case> test_cases() {
   // float32 x in parts past 8 rows where bfloat16's plan of twice the rows is
   // fp_qmm_wgmma's (sm_90; fp_qmm's on sm_80 past 16 rows; with float scales
   // the float32 kernels): rows of W past the last block (8456), a partial last stage
-  // (2912), K split (1024 x 16384), blocks of 32, 128 and 256 rows of parts,
+  // (2912), K split (1024 x 16384 and 8192), blocks of 32, 128 and 256 rows of parts,
   // non-finite values.
   for (const auto& m : kModes) {
     const int partial_k = m.group_size == 64 ? 2880 : 2912;
     for (auto [M, N, K, nonfinite] :
          {std::tuple{9, 8456, partial_k, false}, {16, 8456, 2048, false},
-          {20, 1024, 16384, false}, {61, 2056, 2048, false},
+          {20, 1024, 16384, false}, {48, 1024, 8192, false},
+          {61, 2056, 2048, false},
           {300, 2056, 512, false}, {13, 16384, 512, true}}) {
       Case c{name(m, "f32", true, M, N, K, " x parts wgmma"), m.mode,
              m.group_size, FloatType::float32, m.scale_type, true, M, N, K};

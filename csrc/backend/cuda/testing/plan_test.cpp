@@ -184,22 +184,40 @@ int main() {
       "8 rows of float32 x: parts in wide blocks of two x blocks");
   // Past 8 rows, the parts where bfloat16's plan of twice the rows is
   // fp_qmm_wgmma's (18 rows of 14336: its blocks of 128 W rows half fill the
-  // GPU), which adds each row's two as it stores y; else float32 x split in
-  // each pass (bfloat16's 18 rows of 4096 are the simple path's).
-  big_f32.M = 9;
-  const auto nine_f32_plan = auto_plan(big_f32, h200);
+  // GPU), in its float32 kernel, which adds each row's two as it stores y;
+  // else float32 x split in each pass (bfloat16's 18 rows of 4096 are the
+  // simple path's). E4M3 codes: parts by wgmma only past the decode rows, and
+  // past 40 where its blocks would not half fill the GPU.
+  auto nine_f32 = problem(Mode::mxfp4, true, 9, 14336, 4096);
+  nine_f32.x_type = FloatType::float32;
+  const auto nine_f32_plan = auto_plan(nine_f32, h200);
   check(
       nine_f32_plan.path == cu::KernelPath::wgmma &&
           nine_f32_plan.x_parts == 2 &&
           nine_f32_plan.main.kernel ==
-              "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x32_w128" &&
+              "fpqmm_qmm_wgmma_e2m1_e8m0_float32_x32_w128" &&
           nine_f32_plan.x_split &&
           nine_f32_plan.x_split_bytes == 18 * 4096 * 2 &&
           nine_f32_plan.x_tiles &&
           nine_f32_plan.x_tiles_bytes == 128 * 4096 * 2 &&
           !nine_f32_plan.reduction &&
-          cu::kernel_args(big_f32, nine_f32_plan).M == 18,
+          cu::kernel_args(nine_f32, nine_f32_plan).M == 18,
       "9 rows of float32 x: parts by wgmma, " + nine_f32_plan.main.kernel);
+  auto e4m3_f32_kernel = [&](int M, int N) {
+    auto p = problem(Mode::mxfp8, true, M, N, 4096);
+    p.x_type = FloatType::float32;
+    return auto_plan(p, h200).main.kernel;
+  };
+  check(
+      e4m3_f32_kernel(16, 14336) == "fpqmm_qmv_wide_e4m3_e8m0_float32_x16" &&
+          e4m3_f32_kernel(17, 14336) ==
+              "fpqmm_qmm_wgmma_e4m3_e8m0_float32_x64_w128" &&
+          e4m3_f32_kernel(40, 4096) == "fpqmm_qmv_e4m3_e8m0_float32_x16" &&
+          e4m3_f32_kernel(41, 4096).starts_with(
+              "fpqmm_qmm_wgmma_e4m3_e8m0_float32_"),
+      "float32 x with E4M3 codes: parts by wgmma past 16 rows where its "
+      "blocks half fill the GPU, else past 40");
+  big_f32.M = 9;
   big_f32.N = 4096;
   check(
       !auto_plan(big_f32, h200).x_split &&
@@ -383,14 +401,15 @@ int main() {
   check(
       f32_m40_tiled.path == cu::KernelPath::tiled &&
           f32_m40_tiled.x_parts == 2 &&
-          f32_m40_tiled.main.kernel == "fpqmm_qmm_e4m3_e8m0_bfloat16_x64" &&
+          f32_m40_tiled.main.kernel == "fpqmm_qmm_e4m3_e8m0_float32_x64" &&
           f32_m40_tiled.x_split_bytes == 80 * 4096 * 2,
       "M=40 float32 x on sm_80: parts by fp_qmm, " + f32_m40_tiled.main.kernel);
   auto f32_m40_hopper = auto_plan(f32_problem, h200);
   check(
       f32_m40_hopper.path == cu::KernelPath::wgmma &&
           f32_m40_hopper.x_parts == 2 &&
-          f32_m40_hopper.key.x_type == FloatType::bfloat16,
+          f32_m40_hopper.main.kernel.starts_with(
+              "fpqmm_qmm_wgmma_e4m3_e8m0_float32_"),
       "M=40 float32 x on sm_90: parts by wgmma");
   auto scales_unaligned = problem(Mode::mxfp4, true, 64, 4096, 4096);
   scales_unaligned.scales_alignment = 2;
