@@ -40,6 +40,13 @@ QmmProblem problem(Mode mode, bool transpose, int M, int N, int K) {
   return p;
 }
 
+// x @ W^T with float32 x.
+QmmProblem float32_problem(Mode mode, int M, int N, int K) {
+  QmmProblem p = problem(mode, true, M, N, K);
+  p.x_type = FloatType::float32;
+  return p;
+}
+
 // A gather of `pairs` pairs over x_matrices matrices of x (M x K) and
 // `experts` mxfp4 experts (N x K), x @ W^T (or x @ W).
 QmmProblem gather_problem(
@@ -188,8 +195,7 @@ int main() {
   // else float32 x split in each pass (bfloat16's 18 rows of 4096 are the
   // simple path's). E4M3 codes: parts by wgmma only past the decode rows, and
   // past 40 where its blocks would not half fill the GPU.
-  auto nine_f32 = problem(Mode::mxfp4, true, 9, 14336, 4096);
-  nine_f32.x_type = FloatType::float32;
+  const auto nine_f32 = float32_problem(Mode::mxfp4, 9, 14336, 4096);
   const auto nine_f32_plan = auto_plan(nine_f32, h200);
   check(
       nine_f32_plan.path == cu::KernelPath::wgmma &&
@@ -204,9 +210,8 @@ int main() {
           cu::kernel_args(nine_f32, nine_f32_plan).M == 18,
       "9 rows of float32 x: parts by wgmma, " + nine_f32_plan.main.kernel);
   auto e4m3_f32_kernel = [&](int M, int N) {
-    auto p = problem(Mode::mxfp8, true, M, N, 4096);
-    p.x_type = FloatType::float32;
-    return auto_plan(p, h200).main.kernel;
+    return auto_plan(float32_problem(Mode::mxfp8, M, N, 4096), h200)
+        .main.kernel;
   };
   check(
       e4m3_f32_kernel(16, 14336) == "fpqmm_qmv_wide_e4m3_e8m0_float32_x16" &&
@@ -230,9 +235,8 @@ int main() {
       "9 rows of float32 x on sm_80: split in each pass");
   // Where wgmma splits K (8 blocks of 40 rows of parts), each row's parts
   // go to the partials, which the float32 reduction adds up.
-  auto split_f32 = problem(Mode::mxfp4, true, 20, 1024, 16384);
-  split_f32.x_type = FloatType::float32;
-  const auto split_f32_plan = auto_plan(split_f32, h200);
+  const auto split_f32_plan =
+      auto_plan(float32_problem(Mode::mxfp4, 20, 1024, 16384), h200);
   check(
       split_f32_plan.path == cu::KernelPath::wgmma &&
           split_f32_plan.x_parts == 2 && split_f32_plan.split_k > 1 &&
@@ -521,9 +525,8 @@ int main() {
   // 768), unless MLX_ENABLE_TF32=0 asks for float32's precision past the
   // simple path's rows; float scales keep float32 x.
   auto hopper_rows = [&](Mode mode, int M) {
-    auto p = problem(mode, true, M, 4096, 4096);
-    p.x_type = FloatType::float32;
-    return cu::dequantize_then_matmul(p, h200, KernelRequest::automatic);
+    return cu::dequantize_then_matmul(
+        float32_problem(mode, M, 4096, 4096), h200, KernelRequest::automatic);
   };
   check(
       !hopper_rows(Mode::mxfp4, 512) && hopper_rows(Mode::mxfp4, 513) &&
