@@ -223,10 +223,11 @@ def test_float32_in_parts_by_wgmma(mode, M, N, K):
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
-@pytest.mark.parametrize("M, N, K", [(20, 1024, 4096), (61, 2056, 2048)], ids=str)
+@pytest.mark.parametrize("M, N, K", [(20, 1024, 4096), (61, 2056, 2048), (40, 14336, 512)], ids=str)
 def test_float32_in_parts_by_tiled(mode, M, N, K, monkeypatch):
     """fp_qmm's parts (the plan's past 16 rows on GPUs before sm_90, forced here):
-    each row's two added as y is stored, or in the partials where K is split."""
+    each row's two added as y is stored (14336 rows: K unsplit), or in the partials
+    where K is split."""
     monkeypatch.setenv("MLX_FPQMM_KERNEL", "tiled")
     w_q, scales = quantized(mode, N, K)
     x = mx.random.normal((M, K))
