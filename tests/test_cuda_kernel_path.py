@@ -17,6 +17,12 @@ pytestmark = pytest.mark.skipif(
 N, K = 4096, 4096
 
 
+@pytest.fixture(autouse=True)
+def tf32_as_by_default(monkeypatch):
+    """The plans below are those of MLX_ENABLE_TF32's default (on)."""
+    monkeypatch.delenv("MLX_ENABLE_TF32", raising=False)
+
+
 def path(
     x_shape, kernel=None, w_batch=(), dtype=mx.float32, device="sm_90", mode="mxfp4", **kwargs
 ):

@@ -47,6 +47,6 @@ def test_cuda_plan(tmp_path):
         ],
         check=True,
     )
-    env = {k: v for k, v in os.environ.items() if k != "MLX_FPQMM_KERNEL"}
+    env = {k: v for k, v in os.environ.items() if k not in ("MLX_FPQMM_KERNEL", "MLX_ENABLE_TF32")}
     result = subprocess.run([str(binary)], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -626,9 +626,10 @@ void register_metal_bindings(nb::module_& m) {
             ``x_tiles`` and ``x_tiles_bytes`` (path ``"wgmma"``: the launch
             that lays x out in the kernel's tiles first, and their bytes;
             else ``None`` and 0), ``x_split`` and ``x_split_bytes`` (float32
-            x of up to 8 rows times 8 MiB of W or more: the launch that
-            splits x into bfloat16 high and low parts for a bfloat16
-            kernel, and their bytes; else ``None`` and 0) and
+            x of up to 8 rows times 8 MiB of W or more, or past 8 rows
+            where ``"wgmma"`` or ``"tiled"`` takes it: the launch that
+            splits x into bfloat16 high and low parts for a kernel of
+            twice the rows, and their bytes; else ``None`` and 0) and
             ``batch_count``; for path ``"dequantize_matmul"``
             (many rows of x: W dequantized in x's type by ``kernel``, then
             MLX's matmul) ``path``, ``requested``, ``note``, ``kernel``,

@@ -66,12 +66,13 @@ Request request_from_env(
   return *request;
 }
 
-// MLX_ENABLE_TF32 (MLX's switch, default on): whether float32 x may be
-// multiplied at reduced precision (Apple's neural accelerators; on CUDA,
-// bfloat16 parts past the simple path's rows, as MLX's matmul takes TF32).
+// MLX_ENABLE_TF32 (MLX's switch, default on; as MLX reads it, any value but
+// a nonzero number turns it off): whether float32 x may be multiplied at
+// reduced precision (Apple's neural accelerators; on CUDA, bfloat16 parts
+// past the simple path's rows, as MLX's matmul takes TF32).
 inline bool tf32_enabled_from_env() {
   const char* value = std::getenv("MLX_ENABLE_TF32");
-  return value == nullptr || *value == '\0' || std::atoi(value) != 0;
+  return value == nullptr || std::atoi(value) != 0;
 }
 
 }  // namespace mlx_fpqmm

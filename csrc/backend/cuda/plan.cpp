@@ -544,7 +544,8 @@ void plan_grouped(
 // fp_qmm_wgmma's, and past the decode range where it is fp_qmm's (the
 // float32 kernels would pass over W once for every 16 rows). Empty for an empty
 // x, for float scales (float32 x keeps code times scale in float32: staged),
-// where the bfloat16 plan is another, or on another request. (float16 x with
+// where the bfloat16 plan is another, or on the simple and staged requests
+// (grouped plans a product that is not a gather as automatic). (float16 x with
 // float scales gained little for E2M1 codes and lost for E4M3: it keeps its own
 // kernel.)
 std::optional<KernelPlan> plan_x_parts(
@@ -554,7 +555,7 @@ std::optional<KernelPlan> plan_x_parts(
       !staged_reason(p, format_for(p.mode)).empty() ||
       (request != KernelRequest::automatic &&
        request != KernelRequest::decode && request != KernelRequest::wgmma &&
-       request != KernelRequest::tiled)) {
+       request != KernelRequest::tiled && request != KernelRequest::grouped)) {
     return std::nullopt;
   }
   QmmProblem parts = p;

@@ -38,9 +38,10 @@ inline constexpr int kMinimumMajor = 8;
 // simple: the decode kernels tiled over M, above the decode range where
 // fp_qmm does not run, and on sm_90 up to 32 rows where fp_qmm_wgmma's
 // blocks would not half fill the GPU (x of one part: in blocks of 32 rows);
-// dequantize_matmul: above kTiledRows (kSimpleRows where fp_qmm does not
-// run) the op builds x @ dequantize(w) instead of the primitive: W in x's
-// type by our FpDequantize, the product by MLX's matmul (cuBLAS).
+// dequantize_matmul: above primitive_rows (kTiledRows, kSimpleRows where
+// fp_qmm does not run, wgmma's and the float32 parts' own limits) the op
+// builds x @ dequantize(w) instead of the primitive: W in x's type by our
+// FpDequantize, the product by MLX's matmul (cuBLAS).
 // grouped: a gather of one row per pair, the pairs grouped by expert first
 // (fp_group_pairs) and each expert's run multiplied by fp_qmv_grouped, or
 // by fp_qmm_grouped from kTiledGroupRows rows an expert.
@@ -77,8 +78,10 @@ inline constexpr int kDecodeRows =
 // matmul: M = 32 mxfp4 64.6 / 89.8 us, nvfp4 71.7 / 93.4, mxfp8 91.2 /
 // 130.5; M = 48 98.7 / 88.9, 99.5 / 100.4, 131.6 / 121.1.
 inline constexpr int kSimpleRows = 40;
-// float32 x split once into bfloat16 parts (plan_x_parts) up to
-// kXPartsMaxRows rows, where W has at least kXPartsMinWeightBytes: measured
+// float32 x split once into bfloat16 parts (plan_x_parts) for the decode
+// kernels up to kXPartsMaxRows rows, where W has at least
+// kXPartsMinWeightBytes (past them fp_qmm_wgmma and fp_qmm take parts: see
+// plan_x_parts): measured
 // on the H200 (docs/cuda-log.md), M = 1, it takes 14336 x 4096 mxfp4 from 24.1
 // to 20.0 us and 4096 x 4096 from 15.4 to 12.8, but 1024 x 4096 (2 MiB)
 // from 7.7 to 10.7 (two more launches). At M = 8 (two x blocks of parts) it
@@ -147,9 +150,8 @@ inline constexpr int kWgmmaGroupRows = 48;
 
 // Whether the op multiplies the M rows of x per W matrix of `problem` (not
 // a gather) by dequantize + matmul rather than with the primitive: above
-// wgmma_max_rows where fp_qmm_wgmma takes it, above kTiledRows where fp_qmm
-// does, else above kSimpleRows, when automatic
-// (or grouped requested: it runs only for gathers), or on request (any M).
+// primitive_rows, when automatic (or grouped requested: it runs only for
+// gathers), or on request (any M).
 bool dequantize_then_matmul(
     const QmmProblem& problem, const CudaDevice& device, KernelRequest request);
 // The most rows per W matrix that the primitive takes for `problem` on
@@ -321,9 +323,10 @@ struct KernelPlan {
   // x split into parts (x_parts 2: float32 x, plan_x_parts's rule):
   // `x_split` (fp_split_x) runs first and writes x's
   // bfloat16 high and low parts, x_split_bytes of scratch (passed as
-  // QmmArgs::x_tiles), which the main kernel, a bfloat16 one, multiplies as
-  // twice the rows, adding each row's two as it stores y (with K split, into
-  // partials that `reduction` adds up).
+  // QmmArgs::x_tiles), which the main kernel (a bfloat16 decode kernel, or
+  // fp_qmm's and fp_qmm_wgmma's instantiations for float32 x's key)
+  // multiplies as twice the rows, adding each row's two as it stores y (with
+  // K split, into partials that `reduction` adds up).
   std::optional<Launch> x_split;
   int64_t x_split_bytes = 0;
   int x_parts = 1;

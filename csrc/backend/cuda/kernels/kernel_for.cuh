@@ -97,10 +97,11 @@ void with_wgmma_x_rows(int x_blocks, F&& f) {
 // fp_qmv, fp_qmv_wide, fp_qmv_cluster, fp_qmv_grouped, fp_qmv_staged,
 // fp_qvm, fp_qmm, fp_qmm_grouped, fp_qmm_wgmma(_grouped) or fp_dequantize
 // for `key` (of x type T and `bits`-wide codes); null for E4M3 scales with E4M3
-// codes, which no format has, for fp_qmm and fp_qmm_wgmma with float16 x
-// (wgmma) or float32 x with float scales, and for their grouped kernels with
-// float32 x. fp_qmm and fp_qmm_wgmma for float32 x multiply its bfloat16
-// parts (plan_x_parts) and add each row's two as they store y.
+// codes, which no format has, for fp_qmm_wgmma with float16 x, for fp_qmm and
+// fp_qmm_wgmma with float32 x and float scales, and for fp_qmm_grouped and
+// fp_qmm_wgmma_grouped with float32 x. fp_qmm and fp_qmm_wgmma for float32 x
+// multiply its bfloat16 parts (plan_x_parts) and add each row's two as they
+// store y.
 template <typename T, int bits>
 const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
   const void* kernel = nullptr;

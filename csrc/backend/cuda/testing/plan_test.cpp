@@ -534,6 +534,14 @@ int main() {
           !hopper_rows(Mode::fp4, cu::kSimpleRows) &&
           hopper_rows(Mode::fp4, cu::kSimpleRows + 1),
       "float32 x on sm_90: the primitive up to half wgmma's rows");
+  // grouped plans a product that is not a gather as automatic: the parts.
+  check(
+      cu::plan(
+          float32_problem(Mode::mxfp4, 300, 4096, 4096),
+          h200,
+          KernelRequest::grouped)
+              .x_parts == 2,
+      "grouped requested, float32 x of 300 rows: the parts by wgmma");
   setenv("MLX_ENABLE_TF32", "0", 1);
   check(
       !hopper_rows(Mode::mxfp4, cu::kSimpleRows) &&
