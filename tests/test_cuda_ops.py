@@ -393,7 +393,8 @@ def test_kernels_one_after_another_in_any_order():
     into bfloat16 parts before the decode kernel, x copied from a transpose
     before it, a split of K into partial sums and their sum, the pairs'
     grouping before the grouped kernel; three: float32 x split, then a split of
-    K and its sum."""
+    K and its sum, float32 x split into wgmma's parts, their tiles and wgmma;
+    four: the same with wgmma's split of K and its sum."""
     cases = [
         ("mxfp4", mx.bfloat16, 1, 200, 1152, True),
         ("nvfp4", mx.float32, 1, 200, 1152, True),
@@ -412,6 +413,8 @@ def test_kernels_one_after_another_in_any_order():
         ("mxfp4", mx.float32, 1, 4096, 4096, True),
         ("mxfp4", mx.float32, 1, 3072, 8192, True),
         ("mxfp4", mx.float32, 1, 3072, 2048, True),
+        ("mxfp4", mx.float32, 32, 9000, 512, True),
+        ("nvfp4", mx.float32, 20, 1024, 4096, True),
         ("mxfp4", mx.bfloat16, 4, 256, 512, "x columns"),
         ("mxfp4", mx.bfloat16, 16, 64, 256, "gather"),
     ]
