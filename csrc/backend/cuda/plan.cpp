@@ -573,14 +573,18 @@ std::optional<KernelPlan> plan_x_parts(
   // GPU. Measured on an H100, kernels alone, the float32 kernels / the
   // parts by wgmma, mxfp8 (docs/cuda-log.md, "Fifth session of 2026-12-07"):
   // 14336 x 4096 at 16 rows 43.0 / 46.3 us, at 32 rows 79.0 / 51.6; 4096 x
-  // 4096 at 32 rows 23.6 / 26.3 (E2M1 codes 31.4 / 23.0).
+  // 4096 at 32 rows 23.6 / 26.3 (E2M1 codes 31.4 / 23.0). A wgmma or tiled
+  // request takes the parts at any rows.
+  const bool requested =
+      request == KernelRequest::wgmma || request == KernelRequest::tiled;
   const bool wgmma =
       family == KernelFamily::qmm_wgmma &&
-      (format_for(p.mode).bits == 4 ||
+      (requested || format_for(p.mode).bits == 4 ||
        (p.M > kDecodeRows &&
         (p.M > kSimpleRows ||
          half_fills(ceil_div(p.N, fc::wgmma_rows_per_block(1)), 1, device))));
-  const bool tiled = family == KernelFamily::qmm && p.M > kDecodeRows;
+  const bool tiled =
+      family == KernelFamily::qmm && (requested || p.M > kDecodeRows);
   if (!decode && !tiled && !wgmma) {
     return std::nullopt;
   }

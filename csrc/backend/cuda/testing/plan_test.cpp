@@ -542,6 +542,20 @@ int main() {
           KernelRequest::grouped)
               .x_parts == 2,
       "grouped requested, float32 x of 300 rows: the parts by wgmma");
+  // A wgmma or tiled request takes the parts below the automatic rows too.
+  check(
+      cu::plan(
+          float32_problem(Mode::mxfp8, 16, 14336, 4096),
+          h200,
+          KernelRequest::wgmma)
+                  .main.kernel ==
+              "fpqmm_qmm_wgmma_e4m3_e8m0_float32_x32_w128" &&
+          cu::plan(
+              float32_problem(Mode::mxfp4, 9, 4096, 4096),
+              a100,
+              KernelRequest::tiled)
+                  .main.kernel == "fpqmm_qmm_e2m1_e8m0_float32_x32",
+      "wgmma and tiled requested, float32 x: the parts at 16 and 9 rows");
   setenv("MLX_ENABLE_TF32", "0", 1);
   check(
       !hopper_rows(Mode::mxfp4, cu::kSimpleRows) &&
