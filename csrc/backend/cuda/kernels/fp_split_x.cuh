@@ -1,8 +1,8 @@
 // fp_split_x: float32 x split once into the bfloat16 high and low parts of
 // fp_qmv's two-part steps (split_pair), for a kernel of bfloat16 x to
 // multiply as twice the rows (QmmArgs::x_parts): rather than every block
-// splitting its chunks of x again. Row m's parts are rows 2m and 2m + 1, whose sums a
-// lane holds side by side (an mma's columns 2t and 2t + 1).
+// splitting its chunks of x again. Row m's parts are rows 2m and 2m + 1,
+// whose sums a lane holds side by side (an mma's columns 2t and 2t + 1).
 #pragma once
 
 #include "backend/cuda/kernels/fp_qmv.cuh"
