@@ -351,6 +351,11 @@ bool wgmma_wide_x(const QmmProblem& p, const CudaDevice& device) {
       ceil_div(p.M, fc::kWgmmaXRows);
   return wide >= std::min(narrow, resident_slots(device, 1));
 }
+// Whether fp_qmm_wgmma's blocks of 128 W rows (of one block of x rows) half
+// fill the GPU.
+bool wgmma_narrow_blocks_fill(const QmmProblem& p, const CudaDevice& device) {
+  return half_fills(ceil_div(p.N, fc::wgmma_rows_per_block(1)), 1, device);
+}
 // Whether rows of x past the decode range that fp_qmm_wgmma would take go
 // to the simple path instead, in fp_qmv's blocks of 32 rows (one pass over
 // W): up to 32 rows of one-part x, where wgmma's blocks of 128 W rows would
@@ -363,7 +368,7 @@ bool simple_before_wgmma(
     const QmmProblem& p, const Format& format, const CudaDevice& device) {
   return p.M > kDecodeRows && p.M <= fc::kSimpleXBlocks * fc::kXBlockRows &&
          one_x_part(p) && staged_reason(p, format).empty() &&
-         !half_fills(ceil_div(p.N, fc::wgmma_rows_per_block(1)), 1, device);
+         !wgmma_narrow_blocks_fill(p, device);
 }
 // A split of K takes at least this many stages.
 constexpr int kWgmmaMinSplitStages = 8;
@@ -534,6 +539,14 @@ void plan_grouped(
   plan.split_k_step = p.K;
 }
 
+// The problem of float32 x's bfloat16 high and low parts: twice the rows.
+QmmProblem float32_parts(const QmmProblem& p) {
+  QmmProblem parts = p;
+  parts.x_type = FloatType::bfloat16;
+  parts.M = 2 * p.M;
+  return parts;
+}
+
 // float32 x times one matrix of W with the MLX formats' scales (x @ W^T):
 // split once by fp_split_x into bfloat16 high and low parts, which the
 // bfloat16 plan of twice the rows multiplies, adding each row's parts as it
@@ -558,9 +571,7 @@ std::optional<KernelPlan> plan_x_parts(
        request != KernelRequest::tiled && request != KernelRequest::grouped)) {
     return std::nullopt;
   }
-  QmmProblem parts = p;
-  parts.x_type = FloatType::bfloat16;
-  parts.M = 2 * p.M;
+  const QmmProblem parts = float32_parts(p);
   KernelPlan plan = cuda::plan(parts, device, request);
   const auto family = plan.key.family;
   const int64_t w_bytes = int64_t(p.N) * p.K * format_for(p.mode).bits / 8;
@@ -581,8 +592,7 @@ std::optional<KernelPlan> plan_x_parts(
       family == KernelFamily::qmm_wgmma &&
       (requested || format_for(p.mode).bits == 4 ||
        (p.M > kDecodeRows &&
-        (p.M > kSimpleRows ||
-         half_fills(ceil_div(p.N, fc::wgmma_rows_per_block(1)), 1, device))));
+        (p.M > kSimpleRows || wgmma_narrow_blocks_fill(p, device))));
   const bool tiled =
       family == KernelFamily::qmm && (requested || p.M > kDecodeRows);
   if (!decode && !tiled && !wgmma) {
@@ -670,9 +680,7 @@ int float32_parts_rows(const QmmProblem& p, const CudaDevice& device) {
       !staged_reason(p, format_for(p.mode)).empty()) {
     return 0;
   }
-  QmmProblem parts = p;
-  parts.x_type = FloatType::bfloat16;
-  parts.M = 2 * p.M;
+  const QmmProblem parts = float32_parts(p);
   return wgmma_reason(parts, device).empty()
              ? wgmma_max_rows(format_for(p.mode).bits) / 2
          : tiled_reason(parts).empty() ? kTiledRows / 2
