@@ -201,37 +201,6 @@ def test_hopper_rows_take_wgmma(M, expected, kernel):
         assert plan.get("x_tiles") is None
 
 
-@pytest.mark.parametrize(
-    "M, N, streams",
-    [
-        (256, 14336, False),
-        (300, 14336, True),
-        (512, 14336, True),
-        (1024, 14336, True),
-        (512, 16896, False),
-        (768, 4352, False),
-        (1024, 4352, True),
-    ],
-)
-def test_hopper_wide_blocks_stream_k(M, N, streams):
-    """The wgmma blocks of 256 rows of x where they are more than the SMs and whole waves
-    of them would leave a twentieth of the SMs' time idle (14336 x 4096 at 512 rows: 224
-    for 132 SMs) stream K: a block an SM, with a flag a tile and a slot of partial sums a
-    block after x's tiles; 264 (two whole waves) and 112 or 102 (one wave) do not."""
-    w = mx.zeros((N, 4096 // 8), mx.uint32)
-    scales = mx.zeros((N, 4096 // 32), mx.uint8)
-    x = mx.zeros((M, 4096), mx.bfloat16)
-    plan = mlx_fpqmm.kernel_path(x, w, scales, mode="mxfp4", device="sm_90", kernel="wgmma")
-    tiles = -(-N // 128) * -(-M // 256)
-    assert plan["kernel"].endswith("_x256_w128_stream") == streams, plan["note"]
-    if streams:
-        assert plan["grid"] == (132, 1, 1) and plan["stream_tiles"] == tiles
-        assert plan["stream_bytes"] == -(-tiles * 4 // 16) * 16 + 132 * 256 * 128 * 4
-        assert plan["x_tiles_bytes"] == -(-M // 128) * 128 * 4096 * 2
-    else:
-        assert plan["stream_tiles"] == 0 and plan["stream_bytes"] == 0
-
-
 @pytest.mark.parametrize("M, expected", [(768, "wgmma"), (769, "dequantize_matmul")])
 def test_hopper_e4m3_rows_take_wgmma_to_768(M, expected):
     """With E4M3 codes (mxfp8) dequantize + matmul takes over from 769 rows."""

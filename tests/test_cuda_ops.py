@@ -300,35 +300,6 @@ def test_wgmma(mode, shape, monkeypatch):
     check(mode, x, w_q, scales)
 
 
-# fp_qmm_wgmma_stream (more blocks of 256 rows of x than SMs, whole waves of which
-# would leave SMs idle): 136 tiles (most blocks end one tile and begin the next), the
-# bench's 224, a partial last stage, and float32 x's parts (600 rows of parts).
-@pytest.mark.parametrize("mode", ALL_MODES)
-@pytest.mark.parametrize(
-    "shape, dtype",
-    [
-        ((1000, 4352, 256), mx.bfloat16),
-        ((512, 14336, 512), mx.bfloat16),
-        ((700, 8448, 2912), mx.bfloat16),
-        ((300, 14336, 512), mx.float32),
-    ],
-    ids=str,
-)
-def test_wgmma_stream(mode, shape, dtype, monkeypatch):
-    """Hopper's wide blocks streaming K, forced, against the reference."""
-    if not on_hopper():
-        pytest.skip("fp_qmm_wgmma_stream runs on sm_90 (Hopper) only")
-    monkeypatch.setenv("MLX_FPQMM_KERNEL", "wgmma")
-    M, N, K = shape
-    w_q, scales = quantized(mode, N, K)
-    x = mx.random.normal((M, K)).astype(dtype)
-    plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")
-    float_scales = mode in ("fp4", "fp8")
-    if not (dtype == mx.float32 and float_scales):
-        assert plan["kernel"].endswith("_stream") and plan["stream_tiles"] > 132, plan["note"]
-    check(mode, x, w_q, scales)
-
-
 @pytest.mark.parametrize("mode", ["fp4", "fp8"])
 @pytest.mark.parametrize("scale_dtype", DTYPES, ids=DTYPE_NAMES.get)
 @pytest.mark.parametrize("group_size", [16, 64, 128])

@@ -368,8 +368,6 @@ nb::dict cuda_plan_dict(
   result["x_tiles"] =
       plan.x_tiles ? nb::object(launch_dict(*plan.x_tiles)) : nb::none();
   result["x_tiles_bytes"] = plan.x_tiles_bytes;
-  result["stream_tiles"] = plan.stream_tiles;
-  result["stream_bytes"] = plan.stream_bytes;
   result["x_split"] =
       plan.x_split ? nb::object(launch_dict(*plan.x_split)) : nb::none();
   result["x_split_bytes"] = plan.x_split_bytes;
@@ -627,12 +625,7 @@ void register_metal_bindings(nb::module_& m) {
             run),
             ``x_tiles`` and ``x_tiles_bytes`` (path ``"wgmma"``: the launch
             that lays x out in the kernel's tiles first, and their bytes;
-            else ``None`` and 0), ``stream_tiles`` and ``stream_bytes``
-            (``"wgmma"``'s blocks of 256 rows of x where whole waves of them
-            would leave SMs idle: a block per SM takes an equal share of the
-            tiles' stages of K, and the blocks that share a tile meet
-            through flags and partial sums, the bytes after x's tiles; else
-            0), ``x_split`` and ``x_split_bytes`` (float32
+            else ``None`` and 0), ``x_split`` and ``x_split_bytes`` (float32
             x of up to 8 rows times 8 MiB of W or more, or past 8 rows
             where ``"wgmma"`` or ``"tiled"`` takes it: the launch that
             splits x into bfloat16 high and low parts for a kernel of

@@ -60,9 +60,6 @@ std::string kernel_name(const KernelKey& key) {
   if (key.w_tiles > 0) {
     name += "_w" + std::to_string(fc::wgmma_rows_per_block(key.w_tiles));
   }
-  if (key.stream_k) {
-    name += "_stream";
-  }
   return name;
 }
 
@@ -373,20 +370,6 @@ bool simple_before_wgmma(
          one_x_part(p) && staged_reason(p, format).empty() &&
          !wgmma_narrow_blocks_fill(p, device);
 }
-// Whether fp_qmm_wgmma's wide blocks (one an SM) stream K
-// (fp_qmm_wgmma_stream): where they are more than the SMs and whole waves
-// of them would leave more than a twentieth of the SMs' time idle, as the
-// 224 tiles of 14336 x 4096 at 512 rows do (2 waves for 1.7 of work).
-bool wgmma_streams(
-    const KernelPlan& plan, int64_t blocks, const CudaDevice& device) {
-  const int64_t slots = resident_slots(device, 1);
-  if (plan.key.x_blocks * fc::kXBlockRows != fc::kWgmmaWideXRows ||
-      plan.split_k != 1 || plan.batch_count != 1 || blocks <= slots) {
-    return false;
-  }
-  const int64_t wave_slots = ceil_div(blocks, slots) * slots;
-  return 20 * (wave_slots - blocks) > wave_slots;
-}
 // A split of K takes at least this many stages.
 constexpr int kWgmmaMinSplitStages = 8;
 // fp_wgmma_tile_x_grouped's blocks per SM (its grid loops over the tiles).
@@ -394,7 +377,9 @@ constexpr int kWgmmaTileXBlocksPerSm = 4;
 
 // fp_wgmma_tile_x's tiles of `tiles` blocks of 128 rows of x.
 int64_t wgmma_x_tiles_bytes(const QmmProblem& p, int64_t tiles) {
-  return fc::wgmma_x_tiles_bytes(format_for(p.mode).bits, tiles, p.K);
+  const int bits = format_for(p.mode).bits;
+  return tiles * ceil_div(p.K, fc::wgmma_stage_codes(bits)) *
+         fc::wgmma_x_tile_bytes(bits);
 }
 
 // What fp_qmm_wgmma and fp_qmm_wgmma_grouped need alike, x's tiles taking
@@ -1152,16 +1137,6 @@ KernelPlan plan(
           kWgmmaMinSplitStages * fc::wgmma_stage_codes(format.bits),
           plan,
           true);
-      if (wgmma_streams(plan, blocks, device)) {
-        plan.key.stream_k = true;
-        plan.main.kernel = kernel_name(plan.key);
-        plan.stream_tiles = blocks;
-        plan.stream_bytes =
-            fc::wgmma_stream_scratch_bytes(blocks, resident_slots(device, 1));
-        plan.note += "; K streamed: " + std::to_string(device.sm_count) +
-                     " blocks share " + std::to_string(blocks) +
-                     " tiles' stages evenly";
-      }
       break;
     case KernelFamily::qmm:
       plan_split_k(
@@ -1178,17 +1153,12 @@ KernelPlan plan(
           p, device, blocks, kQvmResident, fc::kQvmChunk, fc::kQvmChunk, plan);
       break;
   }
-  plan.main.grid = plan.key.stream_k
-                       ? std::array<int, 3>{device.sm_count, 1, 1}
-                       : std::array<int, 3>{
-                             static_cast<int>(column_blocks),
-                             // A multiple of split_k: the blocks of a y index
-                             // share their split.
-                             static_cast<int>(std::min<int64_t>(
-                                 m_blocks * plan.split_k,
-                                 kMaxGridYZ / plan.split_k * plan.split_k)),
-                             static_cast<int>(std::min<int64_t>(
-                                 plan.batch_count, kMaxGridYZ))};
+  plan.main.grid = {
+      static_cast<int>(column_blocks),
+      // A multiple of split_k: the blocks of a y index share their split.
+      static_cast<int>(std::min<int64_t>(
+          m_blocks * plan.split_k, kMaxGridYZ / plan.split_k * plan.split_k)),
+      static_cast<int>(std::min<int64_t>(plan.batch_count, kMaxGridYZ))};
   if (blocks == 0) {
     plan.note += "; empty output: nothing to launch";
   }
@@ -1305,7 +1275,6 @@ fpqmm::cuda::QmmArgs kernel_args(
   args.run_rows = plan.run_rows;
   args.tile_major_shares = plan.tile_major_shares;
   args.x_in_shared = plan.x_in_shared;
-  args.stream_tiles = static_cast<int>(plan.stream_tiles);
   return args;
 }
 

@@ -280,8 +280,6 @@ struct KernelKey {
   FloatType x_type;
   int x_blocks;
   int w_tiles = 0;  // qmm_wgmma: tiles of 64 W rows per warpgroup
-  // qmm_wgmma's wide blocks as fp_qmm_wgmma_stream (a block per SM).
-  bool stream_k = false;
 };
 
 struct Launch {
@@ -322,11 +320,6 @@ struct KernelPlan {
   // its tiles into x_tiles_bytes of scratch.
   std::optional<Launch> x_tiles;
   int64_t x_tiles_bytes = 0;
-  // fp_qmm_wgmma_stream (key.stream_k): the product's tiles, whose flags and
-  // the blocks' slots of partials (stream_bytes) follow x's tiles in their
-  // scratch.
-  int64_t stream_tiles = 0;
-  int64_t stream_bytes = 0;
   // x split into parts (x_parts 2: float32 x, plan_x_parts's rule):
   // `x_split` (fp_split_x) runs first and writes x's
   // bfloat16 high and low parts, x_split_bytes of scratch (passed as

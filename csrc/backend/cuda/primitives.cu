@@ -300,7 +300,7 @@ void run(
   if (plan.x_tiles) {
     launch_into_scratch(
         encoder,
-        plan.x_tiles_bytes + plan.stream_bytes,
+        plan.x_tiles_bytes,
         *plan.x_tiles,
         fc::wgmma_tile_x_kernel(plan.key.bits, plan.grouping.has_value()),
         args,

@@ -98,27 +98,12 @@ __device__ __forceinline__ void wgmma_tile_x_impl(
   }
 }
 
-// fp_qmm_wgmma_stream's flags, one a tile, after x's tiles.
-template <int bits>
-__device__ __forceinline__ uint32_t* wgmma_stream_flags(const QmmArgs& args) {
-  return reinterpret_cast<uint32_t*>(
-      static_cast<uint8_t*>(args.x_tiles) +
-      wgmma_x_tiles_bytes(
-          bits, (args.M + kWgmmaXRows - 1) / kWgmmaXRows, args.K));
-}
-
 // x (M x K, row-contiguous) into args.x_tiles: tile (m block b, stage s) at
-// (b * stage count + s) * bytes, rows past M zero; a block per tile. The
-// stream's flags (if any) are zeroed here, before the kernel that raises them.
+// (b * stage count + s) * bytes, rows past M zero; a block per tile.
 template <int bits>
 __global__ void __launch_bounds__(kWgmmaTileXThreads)
     fp_wgmma_tile_x(const QmmArgs args) {
   using Tile = WgmmaXTile<bits>;
-  uint32_t* flags = wgmma_stream_flags<bits>(args);
-  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < args.stream_tiles;
-       t += gridDim.x * blockDim.x) {
-    flags[t] = 0;
-  }
   const int stage_count = wgmma_stage_count<bits>(args.K);
   const int m0 = blockIdx.x / stage_count * kWgmmaXRows;
   wgmma_tile_x_impl<bits>(
@@ -178,15 +163,12 @@ __host__ __device__ constexpr int wgmma_batch_steps(int tiles) {
 // product; every thread of the block calls it. `ring` counts the stages that
 // earlier calls of the block passed through the shared-memory ring (the
 // mbarriers' phases); `rows` says where y's rows are (and which are NaN).
-// The sums go to y, or to `partials`: split K's (store_output's layout), or
-// with `stream` a tile's slot, which add_partials instead adds to the sums.
 template <
     int bits,
     int encoding,
     int tiles,
     int x_rows,
     bool x_parts = false,
-    bool stream = false,
     typename Rows = ContiguousRows>
 __device__ __forceinline__ void fp_qmm_wgmma_impl(
     const QmmArgs& args,
@@ -202,8 +184,7 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
     int k_end,
     __nv_bfloat16* y,
     float* partials,
-    const Rows& rows = {},
-    bool add_partials = false) {
+    const Rows& rows = {}) {
   using T = __nv_bfloat16;
   using S = typename ScaleStorage<encoding>::type;
   using Tile = WgmmaXTile<bits>;
@@ -485,31 +466,10 @@ __device__ __forceinline__ void fp_qmm_wgmma_impl(
   // Accumulator e of tile i: W row w_row(i, e % 4 / 2), x row e / 4 * 8 +
   // 2 t + e % 2 of the block (NaN where W's index was out of range).
   const float factor = op.factor * power_of_two(scale_shift<encoding>());
-  auto slot_index = [&](int i, int e) {
-    return (e / 4 * 8 + 2 * lane.thread + e % 2) * block_rows +
-           w_row(i, e % 4 / 2);
-  };
   auto total = [&](int i, int e) {
-    float value = op.valid ? acc[i][e] * factor : quiet_nan();
-    if constexpr (stream) {
-      if (add_partials) {
-        value += __ldcg(partials + slot_index(i, e));
-      }
-    }
-    return value;
+    return op.valid ? acc[i][e] * factor : quiet_nan();
   };
-  if constexpr (stream) {
-    if (partials && !add_partials) {
-#pragma unroll
-      for (int i = 0; i < tiles; ++i) {
-#pragma unroll
-        for (int e = 0; e < accumulators; ++e) {
-          partials[slot_index(i, e)] = total(i, e);
-        }
-      }
-      return;
-    }
-  } else if (partials) {
+  if (partials) {
 #pragma unroll
     for (int i = 0; i < tiles; ++i) {
 #pragma unroll
@@ -633,99 +593,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
       });
 #else
   // wgmma is sm_90a's: the plan takes this kernel only there.
-  __trap();
-#endif
-}
-
-// The stream's flags: raised with release and awaited with acquire
-// semantics at the GPU's scope, so that the partials written before the one
-// are read after the other.
-__device__ __forceinline__ void raise_flag(uint32_t* flag) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(1u)
-               : "memory");
-}
-__device__ __forceinline__ void await_flag(const uint32_t* flag) {
-  uint32_t raised;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-               : "=r"(raised)
-               : "l"(flag)
-               : "memory");
-  while (!raised) {
-    __nanosleep(64);
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                 : "=r"(raised)
-                 : "l"(flag)
-                 : "memory");
-  }
-}
-
-// fp_qmm_wgmma's wide blocks (one tile of W, kWgmmaWideXRows rows of x) as
-// a stream over K (params.h): block b takes units [b U / G, (b + 1) U / G)
-// of the U = tiles x stages, from its last tile to its first (m blocks
-// within a W block, so that W's rows are read by neighbours). With a share of
-// at least a tile, only its last tile can be begun here and ended by block b
-// + 1 (the head, done first: its sums go to slot b, then the flag) and only
-// its first ended here (the tail, done last: it awaits block b - 1's flag).
-// A block waits only on the one before it, which the GPU started earlier
-// and whose head does not wait.
-template <int bits, int encoding, bool x_parts = false>
-__global__ void __launch_bounds__(kWgmmaThreads, 1)
-    fp_qmm_wgmma_stream(const QmmArgs args) {
-#if FPQMM_SM90A
-  constexpr int tiles = 1;
-  constexpr int x_rows = kWgmmaWideXRows;
-  extern __shared__ uint4 shared_words[];
-  auto* shared = reinterpret_cast<uint8_t*>(shared_words);
-  init_wgmma_barriers<bits, tiles, x_rows>(shared);
-  int ring = 0;
-  const auto op = batch_operands<__nv_bfloat16, encoding>(
-      args, 0, matrix_sizes<bits>(args));
-  const int stages = wgmma_stage_count<bits>(args.K);
-  const int m_blocks = (args.M + x_rows - 1) / x_rows;
-  const int64_t units = int64_t(args.stream_tiles) * stages;
-  const int64_t begin = units * blockIdx.x / gridDim.x;
-  const int64_t end = units * (blockIdx.x + 1) / gridDim.x;
-  uint32_t* flags = wgmma_stream_flags<bits>(args);
-  float* slots = reinterpret_cast<float*>(
-      reinterpret_cast<uint8_t*>(flags) +
-      wgmma_stream_flags_bytes(args.stream_tiles));
-  for (int64_t tile = (end - 1) / stages; tile >= begin / stages; --tile) {
-    const int64_t first = tile * stages;
-    const bool head = end < first + stages;
-    const bool tail = begin > first;
-    if (tail) {
-      if (threadIdx.x == 0) {
-        await_flag(flags + tile);
-      }
-      __syncthreads();
-    }
-    const int m0 = int(tile % m_blocks) * x_rows;
-    fp_qmm_wgmma_impl<bits, encoding, tiles, x_rows, x_parts, true>(
-        args,
-        op,
-        shared,
-        ring,
-        m0 / kWgmmaXRows,
-        0,
-        args.M,
-        m0,
-        int(tile / m_blocks) * wgmma_rows_per_block(tiles),
-        int(max(begin, first) - first) * wgmma_stage_codes(bits),
-        min(args.K,
-            int(min(end, first + stages) - first) * wgmma_stage_codes(bits)),
-        static_cast<__nv_bfloat16*>(args.y),
-        head   ? slots + blockIdx.x * kWgmmaStreamSlotFloats
-        : tail ? slots + (blockIdx.x - 1) * kWgmmaStreamSlotFloats
-               : nullptr,
-        ContiguousRows{},
-        tail);
-    __syncthreads();
-    if (head && threadIdx.x == 0) {
-      __threadfence();
-      raise_flag(flags + tile);
-    }
-  }
-#else
   __trap();
 #endif
 }

@@ -95,8 +95,7 @@ void with_wgmma_x_rows(int x_blocks, F&& f) {
 }
 
 // fp_qmv, fp_qmv_wide, fp_qmv_cluster, fp_qmv_grouped, fp_qmv_staged,
-// fp_qvm, fp_qmm, fp_qmm_grouped, fp_qmm_wgmma(_grouped, _stream: its wide
-// blocks only) or fp_dequantize
+// fp_qvm, fp_qmm, fp_qmm_grouped, fp_qmm_wgmma(_grouped) or fp_dequantize
 // for `key` (of x type T and `bits`-wide codes); null for E4M3 scales with E4M3
 // codes, which no format has, for fp_qmm_wgmma with float16 x, for fp_qmm and
 // fp_qmm_wgmma with float32 x and float scales, and for fp_qmm_grouped and
@@ -171,12 +170,6 @@ const void* kernel_for(const mlx_fpqmm::cuda::KernelKey& key) {
               if constexpr (!x_parts) {
                 kernel = reinterpret_cast<const void*>(
                     &fp_qmm_wgmma_grouped<bits, encoding, 2>);
-              }
-            } else if (key.stream_k) {
-              if (key.w_tiles == 1 &&
-                  key.x_blocks * kXBlockRows == kWgmmaWideXRows) {
-                kernel = reinterpret_cast<const void*>(
-                    &fp_qmm_wgmma_stream<bits, encoding, x_parts>);
               }
             } else {
               with_wgmma_tiles(key.w_tiles, [&](auto tiles) {

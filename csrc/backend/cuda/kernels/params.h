@@ -271,27 +271,6 @@ constexpr bool wgmma_blocks_fit() {
   return true;
 }
 static_assert(wgmma_blocks_fit());
-// fp_wgmma_tile_x's tiles (`tiles` blocks of kWgmmaXRows rows of x, each in
-// its stages of K) in bytes.
-constexpr int64_t wgmma_x_tiles_bytes(int bits, int64_t tiles, int64_t K) {
-  return tiles * ((K + wgmma_stage_codes(bits) - 1) / wgmma_stage_codes(bits)) *
-         wgmma_x_tile_bytes(bits);
-}
-// fp_qmm_wgmma_stream: the wide blocks (kWgmmaWideXRows rows of x, one tile
-// of W) where whole tiles would leave the last wave's SMs idle. A block per
-// SM takes an equal share of the product's tiles x stages of K. A tile that
-// two blocks share is begun by the earlier one, which stores its sums in its
-// slot of float32 partials and raises the tile's flag, and ended by the
-// later one, which adds them as it stores y. Its scratch follows x's tiles:
-// a flag per tile (zeroed by fp_wgmma_tile_x), then a slot per block.
-inline constexpr int64_t kWgmmaStreamSlotFloats =
-    int64_t(kWgmmaWideXRows) * wgmma_rows_per_block(1);
-constexpr int64_t wgmma_stream_flags_bytes(int64_t tiles) {
-  return (4 * tiles + 15) / 16 * 16;
-}
-constexpr int64_t wgmma_stream_scratch_bytes(int64_t tiles, int64_t blocks) {
-  return wgmma_stream_flags_bytes(tiles) + blocks * kWgmmaStreamSlotFloats * 4;
-}
 // The rows of x of fp_qmm_wgmma's blocks for M rows.
 constexpr int wgmma_x_rows(int M) {
   return M <= kWgmmaFewestXRows ? kWgmmaFewestXRows
@@ -430,9 +409,6 @@ struct QmmArgs {
   // fp_qmv_wide: a block's rows of x copied into its shared memory
   // (qmv_wide_may_share_x), after the warps' sums.
   int x_in_shared;
-  // fp_qmm_wgmma_stream: the product's tiles (its flags after x's tiles in
-  // x_tiles); 0 elsewhere.
-  int stream_tiles;
 };
 
 // The grouped path's scratch, 32-bit words from a 16-byte aligned start:

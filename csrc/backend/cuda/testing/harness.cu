@@ -375,7 +375,7 @@ struct DeviceProblem {
   uint32_t* rhs = nullptr;
   float* partials = nullptr;
   uint32_t* scratch = nullptr;  // the grouped path's (plan.grouping_bytes)
-  void* x_tiles = nullptr;  // the wgmma path's (x_tiles_bytes + stream_bytes)
+  void* x_tiles = nullptr;      // the wgmma path's (plan.x_tiles_bytes)
   void* x_parts = nullptr;      // split x's (plan.x_split_bytes)
 };
 
@@ -496,7 +496,7 @@ bool run_case(const Case& c, std::mt19937& rng) {
     CHECK_CUDA(cudaMalloc(&d.scratch, plan.grouping_bytes));
   }
   if (plan.x_tiles_bytes > 0) {
-    CHECK_CUDA(cudaMalloc(&d.x_tiles, plan.x_tiles_bytes + plan.stream_bytes));
+    CHECK_CUDA(cudaMalloc(&d.x_tiles, plan.x_tiles_bytes));
   }
   if (plan.x_split_bytes > 0) {
     CHECK_CUDA(cudaMalloc(&d.x_parts, plan.x_split_bytes));
@@ -871,25 +871,6 @@ std::vector<Case> test_cases() {
         cases.push_back(c);
       }
     }
-    // The wide blocks streaming K (fp_qmm_wgmma_stream): 136 tiles on this
-    // GPU's 132 SMs (shares of about a tile: most blocks end one tile and
-    // begin the next), 24 and 40 tiles as planned for 16 SMs (shares of 1.5
-    // and 2.5 tiles), a partial last stage, and float32 x's parts.
-    for (auto [M, N, K, sms, type] :
-         {std::tuple{1024, 4352, 256, 0, FloatType::bfloat16},
-          std::tuple{768, 1024, 512, 16, FloatType::bfloat16},
-          std::tuple{1200, 1024, m.group_size == 64 ? 2880 : 2912, 16,
-                     FloatType::bfloat16},
-          std::tuple{300, 1024, 512, 16, FloatType::float32}}) {
-      const bool f32 = type == FloatType::float32;
-      Case c{name(m, f32 ? "f32" : "bf16", true, M, N, K,
-                  " wgmma stream" + (sms ? " " + std::to_string(sms) + " SMs" : "")),
-             m.mode, m.group_size, type, m.scale_type, true, M, N, K};
-      c.global_scale = m.mode == Mode::nvfp4;
-      c.request = cu::KernelRequest::wgmma;
-      c.as_sms = sms;
-      cases.push_back(c);
-    }
     // K with a partial last stage (128 E2M1 or 64 E4M3 codes a stage), in
     // blocks of 128 and of 256 rows of x, and the grouped gather: several runs
     // of 128 pairs an expert.
@@ -1121,7 +1102,7 @@ void bench(const std::string& only) {
       CHECK_CUDA(cudaMalloc(&d.scratch, plan.grouping_bytes));
     }
     if (plan.x_tiles_bytes > 0) {
-      CHECK_CUDA(cudaMalloc(&d.x_tiles, plan.x_tiles_bytes + plan.stream_bytes));
+      CHECK_CUDA(cudaMalloc(&d.x_tiles, plan.x_tiles_bytes));
     }
     if (plan.x_split_bytes > 0) {
       CHECK_CUDA(cudaMalloc(&d.x_parts, plan.x_split_bytes));

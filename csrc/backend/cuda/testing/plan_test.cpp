@@ -617,10 +617,8 @@ int main() {
       "gather: dequantize + gather_mm from 12 rows an expert per pair");
   check(
       moe(4096, 1, 4096, true).dense_bytes == int64_t(32) * 2880 * 2880 * 2 &&
-          !takes(
-              cu::gather_rows(
-                  gather_problem(1 << 16, 1, 1536, 5120, 1 << 16, 160),
-                  true)) &&
+          !takes(cu::gather_rows(
+              gather_problem(1 << 16, 1, 1536, 5120, 1 << 16, 160), true)) &&
           !cu::gather_rows(
                gather_problem(1 << 20, 1, 64, 64, 1 << 20, 1025), true)
                .grouped &&
@@ -674,8 +672,6 @@ int main() {
   // tiles (of 128 rows) and shared memory. Up to 64 rows, blocks of 64 rows
   // of x (wgmma's N 64), which read the first half of x's tiles; up to 32,
   // of 32.
-  // Past 256 rows the wide blocks (224, 1.7 waves of 132) stream K: a block
-  // an SM, the tiles' flags and a slot of partials a block after x's tiles.
   struct WgmmaCase {
     int M;
     std::string kernel;
@@ -684,7 +680,7 @@ int main() {
   for (const auto& c : {
            WgmmaCase{
                512,
-               "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x256_w128_stream",
+               "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x256_w128",
                112,
                2,
                4,
@@ -692,7 +688,7 @@ int main() {
                256},
            WgmmaCase{
                300,
-               "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x256_w128_stream",
+               "fpqmm_qmm_wgmma_e2m1_e8m0_bfloat16_x256_w128",
                112,
                2,
                3,
@@ -732,19 +728,11 @@ int main() {
                32},
        }) {
     auto plan = auto_plan(problem(Mode::mxfp4, true, c.M, 14336, 4096), h200);
-    const int64_t tiles = int64_t(c.column_blocks) * c.m_blocks;
-    const bool streamed = plan.key.stream_k && plan.stream_tiles == tiles &&
-                          plan.main.grid == std::array<int, 3>{132, 1, 1} &&
-                          plan.stream_bytes == tiles * 4 + 132 * 256 * 128 * 4;
-    const bool whole = !plan.key.stream_k && plan.stream_tiles == 0 &&
-                       plan.stream_bytes == 0 &&
-                       plan.main.grid[0] == c.column_blocks &&
-                       plan.main.grid[1] == c.m_blocks;
     check(
         plan.path == cu::KernelPath::wgmma && plan.main.kernel == c.kernel &&
-            (c.kernel.ends_with("_stream") ? streamed : whole) &&
-            plan.split_k == 1 && plan.x_tiles &&
-            plan.x_tiles->kernel == "fpqmm_wgmma_tile_x_e2m1" &&
+            plan.main.grid[0] == c.column_blocks &&
+            plan.main.grid[1] == c.m_blocks && plan.split_k == 1 &&
+            plan.x_tiles && plan.x_tiles->kernel == "fpqmm_wgmma_tile_x_e2m1" &&
             plan.x_tiles->grid[0] == c.x_tiles * 4096 / 128 &&
             plan.x_tiles_bytes == int64_t(c.x_tiles) * 128 * 4096 * 2 &&
             plan.main.shared_bytes ==
@@ -752,32 +740,6 @@ int main() {
             plan.main.shared_bytes <= 227 * 1024,
         "wgmma " + std::to_string(c.M) + " rows: " + plan.main.kernel);
   }
-  // The stream only where whole waves would idle more than a twentieth of
-  // the SMs' time: 448 wide blocks (1,024 rows: 3.4 waves of 4) stream, 264
-  // (two whole waves) and 1,792 (13.6 of 14) do not; float32 x's parts of
-  // 256 rows stream as 512 rows of bfloat16 do.
-  for (auto [M, N, streams] :
-       {std::tuple{1024, 14336, true},
-        std::tuple{512, 16896, false},
-        std::tuple{1024, 57344, false}}) {
-    auto plan = cu::plan(
-        problem(Mode::mxfp4, true, M, N, 4096), h200, cu::KernelRequest::wgmma);
-    check(
-        plan.path == cu::KernelPath::wgmma && plan.key.stream_k == streams &&
-            plan.key.x_blocks * 8 == 256,
-        "stream " + std::to_string(M) + " x " + std::to_string(N) + ": " +
-            plan.main.kernel);
-  }
-  auto parts_stream =
-      auto_plan(float32_problem(Mode::mxfp4, 256, 14336, 4096), h200);
-  check(
-      parts_stream.main.kernel ==
-              "fpqmm_qmm_wgmma_e2m1_e8m0_float32_x256_w128_stream" &&
-          parts_stream.x_parts == 2 && parts_stream.stream_tiles == 224 &&
-          cu::kernel_args(
-              float32_problem(Mode::mxfp4, 256, 14336, 4096), parts_stream)
-                  .stream_tiles == 224,
-      "float32 parts streamed: " + parts_stream.main.kernel);
   auto split = auto_plan(problem(Mode::mxfp8, true, 200, 4096, 4096), h200);
   check(
       split.path == cu::KernelPath::wgmma &&
@@ -802,33 +764,13 @@ int main() {
            {200, 8576, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x128_w256"},
            {140, 8448, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x256_w128"},
            {300, 8448, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x256_w128"},
-           {512, 4352, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x256_w128"},
-           {1024,
-            4352,
-            "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x256_w128_stream"}}) {
+           {512, 4352, "fpqmm_qmm_wgmma_e4m3_e8m0_bfloat16_x256_w128"}}) {
     auto plan = cu::plan(
         problem(Mode::mxfp8, true, M, N, 256), h200, KernelRequest::wgmma);
     check(
         plan.main.kernel == kernel && plan.split_k == 1,
         "harness wgmma " + std::to_string(M) + " x " + std::to_string(N) +
             ": " + plan.main.kernel);
-  }
-  // ... and its stream cases planned as for 16 SMs (24 and 40 tiles), with
-  // float32 x's parts (300 rows: 600 of parts).
-  const cu::CudaDevice sixteen{9, 0, 16};
-  for (const auto& [M, K, x_type, tiles] :
-       {std::tuple{768, 512, FloatType::bfloat16, 24},
-        std::tuple{1200, 2912, FloatType::bfloat16, 40},
-        std::tuple{300, 512, FloatType::float32, 24}}) {
-    for (Mode mode : {Mode::mxfp4, Mode::mxfp8, Mode::nvfp4}) {
-      auto p = problem(mode, true, M, 1024, K);
-      p.x_type = x_type;
-      auto plan = cu::plan(p, sixteen, KernelRequest::wgmma);
-      check(
-          plan.key.stream_k && plan.main.grid[0] == 16 &&
-              plan.stream_tiles == tiles,
-          "harness stream " + std::to_string(M) + ": " + plan.main.kernel);
-    }
   }
   // Blocks of 256 rows of x are never split: they are planned only where at
   // least as many as the narrow blocks (which, with one tile of W, are more)
