@@ -8,6 +8,7 @@ CUDA GPU."""
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,10 +58,18 @@ def product(mode, x, w_q, scales, stream, **kwargs):
 TF32_TOLERANCE = 2e-3
 
 
+def tf32_enabled():
+    """MLX_ENABLE_TF32 as MLX (and our plans) read it: on unless set to something
+    other than a nonzero number."""
+    value = os.environ.get("MLX_ENABLE_TF32")
+    number = re.match(r"\s*[+-]?\d+", value or "")
+    return value is None or (number is not None and int(number.group()) != 0)
+
+
 def bound(dtype, planned_dequantize):
     """The error bound of a product of x in `dtype`, given whether the plan (when
     MLX_FPQMM_KERNEL does not force a path) takes dequantize + matmul."""
-    tf32 = os.environ.get("MLX_ENABLE_TF32", "1") != "0"
+    tf32 = tf32_enabled()
     kernel = os.environ.get("MLX_FPQMM_KERNEL", "auto")
     dequantized = kernel == "dequantize" or (kernel == "auto" and planned_dequantize)
     if dtype == mx.float32 and tf32 and dequantized:
@@ -82,7 +91,7 @@ def gather_tolerance(x, w_q, scales, rhs, mode, **kwargs):
     plan = mlx_fpqmm.kernel_path(
         x, w_q, scales, rhs_indices=rhs, mode=mode, device="cuda", **kwargs
     )
-    tf32 = os.environ.get("MLX_ENABLE_TF32", "1") != "0"
+    tf32 = tf32_enabled()
     if x.dtype == mx.float32 and tf32 and plan["path"] == "dequantize_matmul":
         return TF32_TOLERANCE
     return TOLERANCE[x.dtype]
@@ -220,7 +229,7 @@ def test_float32_in_parts_by_wgmma(mode, M, N, K):
     x = mx.random.normal((M, K))
     plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")
     e4m3 = mode == "mxfp8" and 16 < M <= 384 and (N > 8320 or M > 40)
-    tf32 = os.environ.get("MLX_ENABLE_TF32", "1") != "0"
+    tf32 = tf32_enabled()
     parts = on_hopper() and (mode in ("mxfp4", "nvfp4") or e4m3) and (tf32 or M <= 40)
     assert (plan["path"] == "wgmma" and plan["x_split"] is not None) == parts, plan["note"]
     check(mode, x, w_q, scales)
