@@ -265,18 +265,19 @@ def gather_path(
     dtype=mx.float32,
     device="sm_90",
 ):
-    """A gather over `experts` (N, K) experts, mxfp4 (or fp8 with float16 scales):
-    x (pairs, M, K) in `dtype`, indices (pairs,)."""
+    """A gather over `experts` (N, K) experts, mxfp4 (or fp4 with float16 scales
+    in groups of 16): x (pairs, M, K) in `dtype`, indices (pairs,)."""
     n, k = NK
-    codes_per_word, scale_dtype = (8, mx.uint8) if mode == "mxfp4" else (4, mx.float16)
-    w = mx.zeros((experts, n, k // codes_per_word), mx.uint32)
-    scales = mx.zeros((experts, n, k // 32), scale_dtype)
+    group_size, scale_dtype = (32, mx.uint8) if mode == "mxfp4" else (16, mx.float16)
+    w = mx.zeros((experts, n, k // 8), mx.uint32)
+    scales = mx.zeros((experts, n, k // group_size), scale_dtype)
     extra = {"lhs_indices": mx.arange(pairs)} if lhs else {}
     return mlx_fpqmm.kernel_path(
         mx.zeros((pairs, M, k), dtype),
         w,
         scales,
         mode=mode,
+        group_size=group_size,
         rhs_indices=mx.zeros((pairs,), mx.uint32),
         sorted_indices=sorted_indices,
         device=device,
@@ -436,11 +437,11 @@ def test_gather_grouped_requests():
 
 @pytest.mark.parametrize("pairs, expected", [(383, "qmv"), (384, "dequantize_matmul")])
 def test_gather_without_the_grouped_path_dequantizes_from_12_rows_an_expert(pairs, expected):
-    """float32 x with fp8's float scales: the per-pair kernels (W staged), against
-    which dequantize + gather_mm wins from 12 rows an expert; a grouped request
-    plans as automatic there."""
+    """fp4's float scales in groups of 16: the per-pair kernels (W staged),
+    against which dequantize + gather_mm wins from 12 rows an expert; a grouped
+    request plans as automatic there."""
     for kernel in (None, "grouped"):
-        plan = gather_path(pairs, kernel=kernel, mode="fp8")
+        plan = gather_path(pairs, kernel=kernel, mode="fp4")
         assert plan["path"] == expected, plan["note"]
     if expected == "dequantize_matmul":
         assert "at least 12 an expert" in plan["note"]

@@ -715,10 +715,7 @@ def test_gather_grouped_unsorted_routes(mode, dtype, kernel, monkeypatch):
     rng = np.random.default_rng(11)
     rhs = np.stack([rng.permutation(E + 1)[:3] for _ in range(tokens)]).astype(np.uint32)
     x = mx.random.normal((tokens, 1, 1, K)).astype(dtype)
-    # float32 x with float scales keeps code times scale in float32: the
-    # per-pair staged kernel, whatever is requested.
-    float_scales = mode in ("fp4", "fp8")
-    grouped = kernel == "grouped" and not (float_scales and dtype == mx.float32)
+    grouped = kernel == "grouped"
     plan = mlx_fpqmm.kernel_path(
         x, w_q, scales, rhs_indices=mx.array(rhs), mode=mode, device="cuda", kernel=kernel
     )

@@ -246,8 +246,16 @@ Launch grid_stride_launch(
 constexpr int kStagedResident = 2;
 constexpr int kQvmResident = 2;
 
+// Whether W's scales are floats (the fp4 and fp8 modes), not the MLX
+// formats' E8M0 or E4M3 bytes.
+bool float_scales(const QmmProblem& p) {
+  const ScaleEncoding encoding = scale_encoding(p.mode, p.scale_type);
+  return encoding != ScaleEncoding::e8m0 && encoding != ScaleEncoding::e4m3;
+}
+
 // Why fp_qmv (W loaded straight into registers, code times scale rounded
-// to bfloat16) cannot take a transposed problem; empty when it can.
+// to bfloat16, or in a high and a low part for float32 x with float
+// scales) cannot take a transposed problem; empty when it can.
 std::string staged_reason(const QmmProblem& p, const Format& format) {
   if (int64_t(p.K) * format.bits % 128 != 0) {
     return "K=" + std::to_string(p.K) +
@@ -262,13 +270,7 @@ std::string staged_reason(const QmmProblem& p, const Format& format) {
   if (!aligned) {
     return "x or w is not 16-byte aligned";
   }
-  const ScaleEncoding encoding = scale_encoding(p.mode, p.scale_type);
-  const bool float_scales =
-      encoding != ScaleEncoding::e8m0 && encoding != ScaleEncoding::e4m3;
-  if (float_scales && p.x_type == FloatType::float32) {
-    return "float32 x with float scales keeps code times scale in float32";
-  }
-  if (float_scales && format.bits == 4 && p.group_size < 32) {
+  if (float_scales(p) && format.bits == 4 && p.group_size < 32) {
     return "E2M1 groups of 16 with float scales";
   }
   return "";
@@ -556,15 +558,15 @@ QmmProblem float32_parts(const QmmProblem& p) {
 // kXPartsMinWeightBytes and that plan is fp_qmv's, wherever that plan is
 // fp_qmm_wgmma's, and past the decode range where it is fp_qmm's (the
 // float32 kernels would pass over W once for every 16 rows). Empty for an empty
-// x, for float scales (float32 x keeps code times scale in float32: staged),
-// where the bfloat16 plan is another, or on the simple and staged requests
-// (grouped plans a product that is not a gather as automatic). (float16 x with
-// float scales gained little for E2M1 codes and lost for E4M3: it keeps its own
-// kernel.)
+// x, for float scales (only the float32 decode kernels split code times a
+// float scale into parts as well), where the bfloat16 plan is another, or on
+// the simple and staged requests (grouped plans a product that is not a gather
+// as automatic). (float16 x with float scales gained little for E2M1 codes and
+// lost for E4M3: it keeps its own kernel.)
 std::optional<KernelPlan> plan_x_parts(
     const QmmProblem& p, const CudaDevice& device, KernelRequest request) {
   if (!p.transpose || p.gather || p.batch_count() != 1 || p.M == 0 ||
-      p.K == 0 || p.x_type != FloatType::float32 ||
+      p.K == 0 || p.x_type != FloatType::float32 || float_scales(p) ||
       !staged_reason(p, format_for(p.mode)).empty() ||
       (request != KernelRequest::automatic &&
        request != KernelRequest::decode && request != KernelRequest::wgmma &&
@@ -677,7 +679,7 @@ std::string wgmma_reason(const QmmProblem& p, const CudaDevice& device) {
 
 int float32_parts_rows(const QmmProblem& p, const CudaDevice& device) {
   if (p.x_type != FloatType::float32 || p.gather || p.batch_count() != 1 ||
-      !staged_reason(p, format_for(p.mode)).empty()) {
+      float_scales(p) || !staged_reason(p, format_for(p.mode)).empty()) {
     return 0;
   }
   const QmmProblem parts = float32_parts(p);

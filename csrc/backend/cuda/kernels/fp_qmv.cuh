@@ -9,7 +9,8 @@
 // bits). Codes are bfloat16 pairs, and float32 x enters as bfloat16 high
 // and low parts; float16 x too, unless the warp's scales of a pass fold
 // into float16 codes exactly (HalfWindow), where codes and x multiply in
-// float16.
+// float16. With float32 x a float scale's product is not rounded either:
+// W enters as high and low parts too (kWParts).
 #pragma once
 
 #include "backend/cuda/kernels/fp_mma.cuh"
@@ -21,6 +22,15 @@ namespace fpqmm::cuda {
 // x's significant bits, all of float16's).
 template <typename T, typename H>
 inline constexpr int kXParts = std::is_same_v<T, H> ? 1 : 2;
+
+// W's parts: code times scale as a bfloat16 high part and the low part it
+// leaves, where float32 x meets float scales, so that W keeps 16 of its
+// significant bits as x does (the MLX formats' products fit one part).
+template <typename T, int encoding>
+inline constexpr int kWParts =
+    std::is_same_v<T, float> && encoding != kScaleE8M0 && encoding != kScaleE4M3
+        ? 2
+        : 1;
 
 using Bf16Pair = __nv_bfloat162;
 
@@ -90,10 +100,15 @@ static_assert(
     kE4M3ScaleExponentBound + kBfloat16FixupExponent<4> - kE4M3ScaleShift <=
     FloatFormat<__nv_bfloat16>::bias);
 
-template <int bits, int encoding>
+template <int bits, int encoding, int w_parts = 1>
 __device__ __forceinline__ bool needs_two_steps(GroupScale<encoding> scale) {
   if constexpr (!kMayNeedTwoSteps<encoding>) {
     return false;
+  } else if constexpr (w_parts == 2) {
+    // Also a scale that is not finite, whose low parts two steps drop.
+    return fabsf(scaled_fixup<bits, encoding>(scale)) >=
+               __uint_as_float(0x7F7F8000u) ||
+           !isfinite(scale);
   } else if constexpr (encoding == kScaleE8M0) {
     // Past that byte the pair's exponent field leaves bfloat16's (byte 255,
     // +inf, too: two steps give the same inf or NaN).
@@ -109,6 +124,11 @@ __device__ __forceinline__ bool needs_two_steps(GroupScale<encoding> scale) {
 struct Multipliers {
   uint32_t first;
   uint32_t second;
+  // W's low parts (kWParts): the last multiplier's low bfloat16 part, and
+  // the mask that keeps them (none of a scale that is not finite: inf less
+  // inf is NaN).
+  uint32_t low = 0;
+  uint32_t keep_low = 0;
 };
 
 // The first multiplier of a group in one step, a pair of H.
@@ -206,12 +226,32 @@ __device__ __forceinline__ void x_pair(
   }
 }
 
+// The multipliers of W's two parts: the high part of `value` (the scale, or
+// the scale times the fixup in one step) and the low part it leaves.
+template <int bits, int encoding, bool two>
+__device__ __forceinline__ Multipliers w_parts_multipliers(float scale) {
+  constexpr uint32_t kOne = 0x3F803F80u;
+  const float fixup =
+      power_of_two(kMultiplierExponent<__nv_bfloat16, bits, encoding>);
+  const float value = two ? scale : scale * fixup;
+  const Bf16Pair high = __float2bfloat162_rn(value);
+  const bool finite = isfinite(__low2float(high));
+  return {
+      two ? bits_of(__float2bfloat162_rn(fixup)) : bits_of(high),
+      two ? bits_of(high) : kOne,
+      finite ? bits_of(__float2bfloat162_rn(value - __low2float(high))) : 0u,
+      finite ? ~0u : 0u};
+}
+
 // The multipliers (pairs of H) of a group's code pairs for the `two`-step
-// multiply (first only otherwise; two steps are bfloat16's).
-template <typename H, int bits, int encoding, bool two>
+// multiply (first only otherwise; two steps are bfloat16's), and for W's
+// low parts where `w_parts`.
+template <typename H, int bits, int encoding, bool two, int w_parts = 1>
 __device__ __forceinline__ Multipliers
 multipliers_for(GroupScale<encoding> scale) {
-  if constexpr (two) {
+  if constexpr (w_parts == 2) {
+    return w_parts_multipliers<bits, encoding, two>(scale);
+  } else if constexpr (two) {
     return two_step_multipliers<bits, encoding>(scale);
   } else {
     return {one_step_multiplier<H, bits, encoding>(scale), 0};
@@ -222,13 +262,17 @@ multipliers_for(GroupScale<encoding> scale) {
 // rows: codes[t][h] is tile t's row h's word, its pairs times
 // multipliers[t][h] (both of them where `two`), and x_words[b] x's words
 // over the same codes in x block b, as loaded or, where `x_paired`, in pair
-// order.
+// order. With W in two parts, the low part is the exact product (the code,
+// or the code times the power of two of a first step, times the last
+// multiplier) less its rounding, plus the code times the multiplier's low
+// part; x's low part meets W's high part only.
 template <
     typename T,
     typename H,
     int bits,
     bool two,
     bool x_paired,
+    int w_parts,
     int tiles,
     int x_blocks>
 __device__ __forceinline__ void multiply_word(
@@ -250,19 +294,29 @@ __device__ __forceinline__ void multiply_word(
     }
 #pragma unroll
     for (int t = 0; t < tiles; ++t) {
-      uint32_t a[4];
+      uint32_t a[w_parts][4];
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          P pair = __hmul2(
-              pair_from_bits<P>(
-                  code_pair_bits<H, bits>(codes[t][h], 2 * s + q)),
-              pair_from_bits<P>(multipliers[t][h].first));
+          const Multipliers& m = multipliers[t][h];
+          const P code = pair_from_bits<P>(
+              code_pair_bits<H, bits>(codes[t][h], 2 * s + q));
+          P exact = code;
+          P last = pair_from_bits<P>(m.first);
           if constexpr (two) {
-            pair = __hmul2(pair, pair_from_bits<P>(multipliers[t][h].second));
+            exact = __hmul2(code, last);
+            last = pair_from_bits<P>(m.second);
           }
-          a[2 * q + h] = bits_of(pair);
+          const P pair = __hmul2(exact, last);
+          a[0][2 * q + h] = bits_of(pair);
+          if constexpr (w_parts == 2) {
+            const P low = __hfma2(
+                exact,
+                pair_from_bits<P>(m.low),
+                __hfma2(exact, last, __hneg2(pair)));
+            a[1][2 * q + h] = two ? bits_of(low) & m.keep_low : bits_of(low);
+          }
         }
       }
 #pragma unroll
@@ -271,7 +325,11 @@ __device__ __forceinline__ void multiply_word(
         for (int part = 0; part < kXParts<T, H>; ++part) {
           const uint32_t b_fragment[2] = {
               b_parts[b][0][part], b_parts[b][1][part]};
-          mma_step<H>(sums[t][b], a, b_fragment);
+#pragma unroll
+          for (int w_part = 0; w_part + part < 2 && w_part < w_parts;
+               ++w_part) {
+            mma_step<H>(sums[t][b], a[w_part], b_fragment);
+          }
         }
       }
     }
@@ -319,10 +377,11 @@ __device__ __forceinline__ void multiply_chunk(
   auto multiply = [&](auto code_type, auto two_steps_constant) {
     using H = typename decltype(code_type)::type;
     constexpr bool two = decltype(two_steps_constant)::value;
+    constexpr int w_parts = kWParts<T, encoding>;
     Multipliers multipliers[tiles][2][groups];
     for_each_group<tiles, groups>([&](int t, int h, int g) {
       multipliers[t][h][g] =
-          multipliers_for<H, bits, encoding, two>(scales[t][h][g]);
+          multipliers_for<H, bits, encoding, two, w_parts>(scales[t][h][g]);
     });
 #pragma unroll
     for (int word = 0; word < 4; ++word) {
@@ -338,7 +397,7 @@ __device__ __forceinline__ void multiply_chunk(
       }
       const uint32_t* x_word[x_blocks];
       x_words(word, x_word);
-      multiply_word<T, H, bits, two, x_paired>(
+      multiply_word<T, H, bits, two, x_paired, w_parts>(
           sums, words, word_multipliers, x_word);
     }
   };
@@ -604,7 +663,8 @@ __device__ __forceinline__ void fp_qmv_impl(
       bool two_steps = false;
       for_each_group<tiles, groups>([&](int t, int h, int g) {
         scales[t][h][g] = group_scale<encoding>(current.scales[t][h][g]);
-        two_steps |= needs_two_steps<bits, encoding>(scales[t][h][g]);
+        two_steps |= needs_two_steps<bits, encoding, kWParts<T, encoding>>(
+            scales[t][h][g]);
       });
 
       multiply_chunk<T, bits, encoding>(

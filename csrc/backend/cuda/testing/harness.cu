@@ -511,7 +511,8 @@ bool run_case(const Case& c, std::mt19937& rng) {
   const double out_eps = c.x_type == FloatType::float32 ? 0x1p-23
       : c.x_type == FloatType::float16                  ? 0x1p-11
                                                          : 0x1p-8;
-  // fp_qmv rounds code times a float scale to bfloat16.
+  // fp_qmv rounds code times a float scale to bfloat16 (but for float32 x,
+  // whose W is in two parts).
   const auto encoding = mlx_fpqmm::scale_encoding(c.mode, c.scale_type);
   const bool rounded_w = (plan.key.family == cu::KernelFamily::qmv ||
                           plan.key.family == cu::KernelFamily::qmv_wide ||
@@ -521,7 +522,8 @@ bool run_case(const Case& c, std::mt19937& rng) {
                           plan.key.family == cu::KernelFamily::qmm_grouped ||
                           plan.key.family == cu::KernelFamily::qmm_wgmma ||
                           plan.key.family == cu::KernelFamily::qmm_wgmma_grouped) &&
-      encoding != ScaleEncoding::e8m0 && encoding != ScaleEncoding::e4m3;
+      encoding != ScaleEncoding::e8m0 && encoding != ScaleEncoding::e4m3 &&
+      c.x_type != FloatType::float32;
   const double term_eps = rounded_w ? 0x1p-8
       : c.x_type == FloatType::float32 ? 0x1p-15
                                        : 0x1p-18;
@@ -631,6 +633,12 @@ std::vector<Case> test_cases() {
         Case n{name(m, "bf16", false, 5, 2 * g + 256, 77, extra), mode, g,
                FloatType::bfloat16, st, false, 5, 2 * g + 256, 77};
         cases.push_back(n);
+        // float32 x: W's two parts (fp_qmv), every scale type.
+        for (Case f : {c, whole}) {
+          f.name.replace(f.name.find(" bf16 "), 6, " f32 ");
+          f.x_type = FloatType::float32;
+          cases.push_back(f);
+        }
       }
     }
   }

@@ -464,10 +464,19 @@ int main() {
   check(
       family_on_h200(float_scales) == cu::KernelFamily::qmv,
       "float scales, bfloat16 x");
+  // float32 x with float scales: fp_qmv's W in two parts, x split by each
+  // pass (the split once is bfloat16's kernels', whose W is one part).
   float_scales.x_type = FloatType::float32;
-  check(
-      family_on_h200(float_scales) == cu::KernelFamily::qmv_staged,
-      "float scales, float32 x");
+  for (int M : {1, 8, 40}) {
+    float_scales.M = M;
+    const auto parts = auto_plan(float_scales, h200);
+    check(
+        parts.key.family == cu::KernelFamily::qmv && parts.x_parts == 1 &&
+            parts.key.x_type == FloatType::float32 && !parts.x_split,
+        "float scales, float32 x at M=" + std::to_string(M) + ": " +
+            parts.main.kernel + " " + parts.note);
+  }
+  float_scales.M = 1;
   float_scales.x_type = FloatType::float16;
   float_scales.group_size = 16;
   check(
