@@ -191,7 +191,8 @@ def test_float32_decode_of_large_weights(mode, M, N, K):
     once into bfloat16 high and low parts (the plan's x_split) for bfloat16's
     kernel (in its narrow blocks, its wide ones at 14336 rows, K split into partial
     sums at 3072 x 8192 up to 4 rows); 9 rows only where wgmma takes the parts (14336
-    rows of E2M1 codes on sm_90), and the float-scale formats, multiply x as it is."""
+    rows of E2M1 codes on sm_90). The float-scale formats multiply x as it is, with
+    W in two parts as well."""
     w_q, scales = quantized(mode, N, K)
     x = mx.random.normal((M, K))
     plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")
@@ -256,14 +257,14 @@ def test_float32_in_parts_by_tiled(mode, M, N, K, monkeypatch):
 def test_decode_of_two_x_blocks_in_wide_blocks(mode, dtype, M):
     """9 to 16 rows of x where the decode kernel's wide blocks half fill the
     GPU (9000 rows of W on 132 SMs): two blocks of 8 rows of x in each, for
-    every x type (on sm_90 float32 x of the MLX formats goes in parts to wgmma,
-    of the float-scale modes it is staged)."""
+    every x type (on sm_90 float32 x of the MLX formats goes in parts to wgmma;
+    that of the float-scale modes stays, with W in two parts)."""
     N, K = 9000, 16 * DEFAULT_GROUP_SIZE[mode]
     w_q, scales = quantized(mode, N, K)
     x = mx.random.normal((M, K)).astype(dtype)
     plan = mlx_fpqmm.kernel_path(x, w_q, scales, mode=mode, device="cuda")
     kernel = plan["kernel"]
-    if on_hopper() and "_staged_" not in kernel and plan["x_split"] is None:
+    if on_hopper() and plan["x_split"] is None:
         assert kernel.startswith("fpqmm_qmv_wide_") and kernel.endswith("_x16"), kernel
     check(mode, x, w_q, scales)
 
