@@ -9,8 +9,8 @@
 // bits). Codes are bfloat16 pairs, and float32 x enters as bfloat16 high
 // and low parts; float16 x too, unless the warp's scales of a pass fold
 // into float16 codes exactly (HalfWindow), where codes and x multiply in
-// float16. With float32 x a float scale's product is not rounded either:
-// W enters as high and low parts too (kWParts).
+// float16. With float32 x a float scale's product keeps 16 significant bits
+// as x does: W enters as high and low parts too (kWParts).
 #pragma once
 
 #include "backend/cuda/kernels/fp_mma.cuh"
@@ -125,8 +125,8 @@ struct Multipliers {
   uint32_t first;
   uint32_t second;
   // W's low parts (kWParts): the last multiplier's low bfloat16 part, and
-  // the mask that keeps them (none of a scale that is not finite: inf less
-  // inf is NaN).
+  // the mask that keeps them (none where the high multiplier is not finite:
+  // inf less inf is NaN).
   uint32_t low = 0;
   uint32_t keep_low = 0;
 };
