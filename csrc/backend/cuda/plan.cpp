@@ -249,8 +249,7 @@ constexpr int kQvmResident = 2;
 // Whether W's scales are floats (the fp4 and fp8 modes), not the MLX
 // formats' E8M0 or E4M3 bytes.
 bool float_scales(const QmmProblem& p) {
-  const ScaleEncoding encoding = scale_encoding(p.mode, p.scale_type);
-  return encoding != ScaleEncoding::e8m0 && encoding != ScaleEncoding::e4m3;
+  return format_for(p.mode).scales == ScaleKind::floating;
 }
 
 // Why fp_qmv (W loaded straight into registers, code times scale rounded

@@ -23,14 +23,19 @@ namespace fpqmm::cuda {
 template <typename T, typename H>
 inline constexpr int kXParts = std::is_same_v<T, H> ? 1 : 2;
 
+// The MLX formats' scales (E8M0, E4M3), whose products with codes fit
+// bfloat16, and whose float32 x the plan may split into bfloat16 parts for
+// fp_qmm and fp_qmm_wgmma.
+template <int encoding>
+inline constexpr bool kMlxScales =
+    encoding == kScaleE8M0 || encoding == kScaleE4M3;
+
 // W's parts: code times scale as a bfloat16 high part and the low part it
 // leaves, where float32 x meets float scales, so that W keeps 16 of its
 // significant bits as x does (the MLX formats' products fit one part).
 template <typename T, int encoding>
 inline constexpr int kWParts =
-    std::is_same_v<T, float> && encoding != kScaleE8M0 && encoding != kScaleE4M3
-        ? 2
-        : 1;
+    std::is_same_v<T, float> && !kMlxScales<encoding> ? 2 : 1;
 
 using Bf16Pair = __nv_bfloat162;
 

@@ -19,12 +19,6 @@ namespace fpqmm::cuda {
 template <int value>
 using Int = std::integral_constant<int, value>;
 
-// The MLX formats' scales (E8M0, E4M3), whose float32 x the plan may split
-// into bfloat16 parts for fp_qmm and fp_qmm_wgmma.
-template <int encoding>
-inline constexpr bool kMlxScales =
-    encoding == kScaleE8M0 || encoding == kScaleE4M3;
-
 template <typename F>
 void with_encoding(ScaleEncoding encoding, F&& f) {
   switch (encoding) {

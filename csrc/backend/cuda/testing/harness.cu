@@ -513,7 +513,6 @@ bool run_case(const Case& c, std::mt19937& rng) {
                                                          : 0x1p-8;
   // fp_qmv rounds code times a float scale to bfloat16 (but for float32 x,
   // whose W is in two parts).
-  const auto encoding = mlx_fpqmm::scale_encoding(c.mode, c.scale_type);
   const bool rounded_w = (plan.key.family == cu::KernelFamily::qmv ||
                           plan.key.family == cu::KernelFamily::qmv_wide ||
                           plan.key.family == cu::KernelFamily::qmv_cluster ||
@@ -522,7 +521,7 @@ bool run_case(const Case& c, std::mt19937& rng) {
                           plan.key.family == cu::KernelFamily::qmm_grouped ||
                           plan.key.family == cu::KernelFamily::qmm_wgmma ||
                           plan.key.family == cu::KernelFamily::qmm_wgmma_grouped) &&
-      encoding != ScaleEncoding::e8m0 && encoding != ScaleEncoding::e4m3 &&
+      mlx_fpqmm::format_for(c.mode).scales == mlx_fpqmm::ScaleKind::floating &&
       c.x_type != FloatType::float32;
   const double term_eps = rounded_w ? 0x1p-8
       : c.x_type == FloatType::float32 ? 0x1p-15
