@@ -14,6 +14,7 @@ set(FPQMM_SOURCES
   csrc/backend/cuda/plan.cpp
   csrc/backend/cpu/blas.cpp
   csrc/backend/cpu/gather.cpp
+  csrc/backend/cpu/in_flight.cpp
   csrc/backend/cpu/kernels.cpp
   csrc/backend/cpu/primitives.cpp
   csrc/backend/cpu/qmm.cpp

@@ -5,6 +5,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include "backend/cpu/in_flight.h"
 #include "backend/cpu/thread_pool.h"
 #include "backend/cuda/device.h"
 #include "ops/ops.h"
@@ -53,6 +54,17 @@ NB_MODULE(_ext, m) {
       &mlx_fpqmm::cpu::num_threads,
       "The threads the CPU kernels run on (MLX_FPQMM_NUM_THREADS, else every "
       "core; starts their pool).");
+  m.def(
+      "_cpu_tasks_in_flight",
+      &mlx_fpqmm::cpu::tasks_in_flight,
+      "Our CPU tasks queued or running on MLX's streams.");
+  m.def(
+      "_wait_for_cpu_tasks",
+      &mlx_fpqmm::cpu::wait_for_tasks,
+      "patience_ms"_a,
+      nb::call_guard<nb::gil_scoped_release>(),
+      "Waits until no CPU task of ours is in flight, or none has finished "
+      "for patience_ms (the interpreter's exit).");
   m.def(
       "_cuda_device_bytes",
       &mlx_fpqmm::cuda::device_bytes_in_use,

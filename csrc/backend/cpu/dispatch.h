@@ -8,6 +8,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 
+#include "backend/cpu/in_flight.h"
 #include "backend/cpu/thread_pool.h"
 
 namespace mlx_fpqmm::cpu {
@@ -44,9 +45,20 @@ void dispatch(
   for (const auto& input : inputs) {
     views.push_back(mx::array::unsafe_weak_copy(input));
   }
-  encoder.dispatch([inputs = std::move(views),
-                    out = mx::array::unsafe_weak_copy(out),
-                    task = std::move(task)]() mutable { task(inputs, out); });
+  // The token is the first member, destroyed last: exit waits for the
+  // views' release too.
+  struct Work {
+    std::shared_ptr<const void> token;
+    std::vector<mx::array> inputs;
+    mx::array out;
+    Task task;
+  };
+  encoder.dispatch(
+      [work = Work{
+           task_in_flight(),
+           std::move(views),
+           mx::array::unsafe_weak_copy(out),
+           std::move(task)}]() mutable { work.task(work.inputs, work.out); });
 }
 
 }  // namespace mlx_fpqmm::cpu
