@@ -57,8 +57,9 @@ def prepare(revisions: list[str], keep: bool) -> None:
     if not (AB / "include" / "mlx").is_dir():
         if not headers.is_dir():
             sys.exit(
-                f"{headers} is missing: `.venv/bin/python -m pytest tests/test_cuda_build.py "
-                "-k decoded` fetches it once"
+                f'{headers} is missing: `.venv/bin/python -c "import sys; sys.path.insert(0, '
+                f"'tests'); import test_cuda_build as t; t.mlx_cuda_headers('{mlx_version()}')\"` "
+                "fetches it once"
             )
         shutil.copytree(headers, AB / "include" / "mlx")
     for revision in revisions:
