@@ -89,7 +89,7 @@ inline constexpr int kQmvWideRowsPerBlock = kTileRows * kQmvWideTiles;
 // sm_90, whose 4 blocks an SM that leaves room for) and holds W
 // kQmvWideSharedXAhead passes ahead in the registers that frees: measured
 // faster for those scales only (docs/cuda-log.md, "Eighth session of
-// 2026-12-05"). float32 x with float scales is staged, never wide.
+// 2026-12-05"). float32 x is not copied (measured for 16-bit x only).
 constexpr bool qmv_wide_may_share_x(int scale_itemsize, int x_itemsize) {
   return scale_itemsize != 1 && x_itemsize == 2;
 }
