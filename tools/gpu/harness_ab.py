@@ -15,7 +15,8 @@ Here:    python3 tools/gpu/harness_ab.py build [NAME...] (optional) builds each
 Device:  python3 tools/gpu/harness_ab.py run --only "14336x4096 M=1 bf16" ...
          (carry .gpu/ab) builds every tree that has no prebuilt harness, in
          parallel, runs `harness --test` of each unless --no-test (each stopped
-         after --test-timeout seconds, its cases so far counted), then --rounds
+         after --test-timeout seconds, its cases so far counted; --test-only
+         FILTER: the cases whose names hold FILTER), then --rounds
          rounds of `harness --bench --only FILTER` of every tree (or of those
          --trees names) in turn, until --until seconds, and prints one row a
          case: each tree's times (us) and the first tree's kernel. Logs go to
@@ -143,6 +144,7 @@ def run(
     until: float,
     test: bool,
     test_timeout: float,
+    test_only: str,
     only_trees: str,
 ) -> None:
     start = time.monotonic()
@@ -162,8 +164,19 @@ def run(
     binaries = {name: binary for name, (binary, code) in built.items() if code == 0}
     if test:
         with ThreadPoolExecutor(len(binaries)) as pool:
+            # Line-buffered, so that a run stopped at test_timeout keeps its lines.
+            command = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []
             results = pool.map(
-                lambda binary: bounded([str(binary), "--test"], test_timeout), binaries.values()
+                lambda binary: bounded(
+                    [
+                        *command,
+                        str(binary),
+                        "--test",
+                        *(["--only", test_only] if test_only else []),
+                    ],
+                    test_timeout,
+                ),
+                binaries.values(),
             )
             for name, (output, finished) in zip(binaries, results, strict=True):
                 (log_dir() / f"test_{name}.log").write_text(output)
@@ -224,6 +237,9 @@ def main() -> None:
         help="stop each tree's `harness --test` after this (a fresh machine's are slow)",
     )
     bench.add_argument(
+        "--test-only", default="", help="`harness --test --only` this filter (default: every case)"
+    )
+    bench.add_argument(
         "--trees", default="", help="comma-separated tree names, the columns' order (default: all)"
     )
     args = parser.parse_args()
@@ -242,7 +258,15 @@ def main() -> None:
                 shutil.rmtree(binary.parent)
             print(f"build {tree.name}: {code} in {time.monotonic() - start:.0f} s", flush=True)
     else:
-        run(args.only, args.rounds, args.until, args.test, args.test_timeout, args.trees)
+        run(
+            args.only,
+            args.rounds,
+            args.until,
+            args.test,
+            args.test_timeout,
+            args.test_only,
+            args.trees,
+        )
 
 
 if __name__ == "__main__":
