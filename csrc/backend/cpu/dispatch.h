@@ -48,14 +48,14 @@ void dispatch(
   // The token is the first member, destroyed last: exit waits for the
   // views' release too.
   struct Work {
-    std::shared_ptr<const void> token;
+    TaskInFlight token;
     std::vector<mx::array> inputs;
     mx::array out;
     Task task;
   };
   encoder.dispatch(
       [work = Work{
-           task_in_flight(),
+           TaskInFlight(),
            std::move(views),
            mx::array::unsafe_weak_copy(out),
            std::move(task)}]() mutable { work.task(work.inputs, work.out); });

@@ -15,23 +15,25 @@ namespace {
 // destructible, so that it outlives every task.
 std::atomic<int64_t> in_flight{0};
 
-struct Token {
-  Token() {
-    in_flight.fetch_add(1, std::memory_order_relaxed);
-  }
-  ~Token() {
-    in_flight.fetch_sub(1, std::memory_order_release);
-  }
-};
+void count_task() {
+  // A forked child has none of the parent's tasks.
+  [[maybe_unused]] static const bool registered =
+      pthread_atfork(nullptr, nullptr, [] { in_flight.store(0); }) == 0;
+  in_flight.fetch_add(1, std::memory_order_relaxed);
+}
 
 }  // namespace
 
-std::shared_ptr<const void> task_in_flight() {
-  // A forked child has none of the parent's tasks.
-  static const bool registered =
-      pthread_atfork(nullptr, nullptr, [] { in_flight.store(0); }) == 0;
-  (void)registered;
-  return std::make_shared<const Token>();
+TaskInFlight::TaskInFlight() {
+  count_task();
+}
+
+TaskInFlight::TaskInFlight(const TaskInFlight&) {
+  count_task();
+}
+
+TaskInFlight::~TaskInFlight() {
+  in_flight.fetch_sub(1, std::memory_order_release);
 }
 
 int64_t tasks_in_flight() {

@@ -2,15 +2,20 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 
 namespace mlx_fpqmm::cpu {
 
-// A token a task holds until it is destroyed (run or dropped); copies count
-// once.
-std::shared_ptr<const void> task_in_flight();
+// Held by a task until it is destroyed (run or dropped): each live copy
+// counts (MLX copies a task while it queues it), none once the task is gone.
+class TaskInFlight {
+ public:
+  TaskInFlight();
+  TaskInFlight(const TaskInFlight&);
+  TaskInFlight& operator=(const TaskInFlight&) = default;
+  ~TaskInFlight();
+};
 
-// Tasks whose tokens are alive.
+// Live tokens.
 int64_t tasks_in_flight();
 
 // Waits until no task is in flight, or none has finished for `patience_ms`
