@@ -11,7 +11,9 @@ Here:    python3 tools/gpu/harness_ab.py prepare main xahead=main+PATCH ...
 Here:    python3 tools/gpu/harness_ab.py build [NAME...] (optional) builds each
          tree's harness here, one at a time, into .gpu/ab/<name>/bin/harness.xz,
          so that the device call spends no time building (nvcc from $NVCC or
-         PATH).
+         PATH). A translation unit whose sources and flags an earlier tree
+         compiled alike is copied from the object cache instead (`nvcc`
+         below): trees that differ in a few files build those alone.
 Device:  python3 tools/gpu/harness_ab.py run --only "14336x4096 M=1 bf16" ...
          (carry .gpu/ab) builds every tree that has no prebuilt harness, in
          parallel, runs `harness --test` of each unless --no-test (each stopped
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import os
 import re
 import shutil
@@ -39,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 AB = ROOT / ".gpu" / "ab"
 CACHE = Path(os.environ.get("MLX_FPQMM_CACHE_DIR") or Path.home() / ".cache" / "mlx_fpqmm")
+OBJECTS = CACHE / "harness_objects"
 # A bench row: the case, its time (us), GB/s, % of the read bandwidth, the kernel.
 ROW = re.compile(r"^(\S.*?)\s+([0-9.]+)\s+\S+\s+\S+%\s\s(.*)$")
 # Seconds a `harness --bench --only FILTER` call may take (its rows so far are kept).
@@ -101,9 +105,49 @@ def build(tree: Path) -> tuple[Path, int]:
             ["sh", str(script), str(out), str(AB / "include")],
             stdout=log,
             stderr=log,
-            env=link_environment(),
+            env={
+                **link_environment(),
+                "FPQMM_REAL_NVCC": os.environ.get("NVCC", "nvcc"),
+                "NVCC": f"{sys.executable} {Path(__file__).resolve()} nvcc",
+            },
         )
     return out / "harness", done.returncode
+
+
+def cached_nvcc(args: list[str]) -> int:
+    """`nvcc ARGS`, as build.sh calls it through $NVCC; a compile (`-c SOURCE -o OBJECT`)
+    whose flags and files (`nvcc -M`: the source and every header it reads), with the
+    tree's own path left out, match an earlier one's takes that object from OBJECTS."""
+    nvcc = shutil.which(os.environ.get("FPQMM_REAL_NVCC", "nvcc"))
+    if nvcc is None:
+        sys.exit("nvcc is not on PATH")
+    out = args.index("-o") if "-o" in args else -1
+    flags = [a for a in args[:out] + args[out + 2 :] if a != "-c"]
+    source = next((a for a in flags if a.endswith(".cu")), "")
+    if "-c" not in args or out < 0 or "/csrc/" not in source:
+        return subprocess.run([nvcc, *args]).returncode
+    tree = source.partition("/csrc/")[0] + "/"
+    listed = subprocess.run([nvcc, "-M", *flags], capture_output=True, text=True)
+    if listed.returncode != 0 or ":" not in listed.stdout:
+        return subprocess.run([nvcc, *args]).returncode
+    files = listed.stdout.split(":", 1)[1].replace("\\\n", " ").split()
+    key = hashlib.sha256()
+    for flag in flags:
+        key.update(flag.replace(tree, "<tree>/").encode() + b"\0")
+    for name, path in sorted((name.replace(tree, "<tree>/"), name) for name in files):
+        key.update(name.encode() + b"\0" + Path(path).read_bytes())
+    cached = OBJECTS / f"{key.hexdigest()}.o"
+    if cached.is_file():
+        shutil.copyfile(cached, args[out + 1])
+        print(f"{source}: cached", file=sys.stderr)
+        return 0
+    code = subprocess.run([nvcc, *args]).returncode
+    if code == 0:
+        OBJECTS.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(f".{os.getpid()}")
+        shutil.copyfile(args[out + 1], partial)
+        partial.replace(cached)
+    return code
 
 
 def link_environment() -> dict[str, str]:
@@ -242,6 +286,8 @@ def main() -> None:
     bench.add_argument(
         "--trees", default="", help="comma-separated tree names, the columns' order (default: all)"
     )
+    if sys.argv[1:2] == ["nvcc"]:
+        sys.exit(cached_nvcc(sys.argv[2:]))
     args = parser.parse_args()
     if args.command == "prepare":
         prepare(args.revisions, args.keep)
