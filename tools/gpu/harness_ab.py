@@ -121,11 +121,11 @@ def cached_nvcc(args: list[str]) -> int:
     nvcc = shutil.which(os.environ.get("FPQMM_REAL_NVCC", "nvcc"))
     if nvcc is None:
         sys.exit("nvcc is not on PATH")
-    out = args.index("-o") if "-o" in args else -1
-    flags = [a for a in args[:out] + args[out + 2 :] if a != "-c"]
-    source = next((a for a in flags if a.endswith(".cu")), "")
-    if "-c" not in args or out < 0 or "/csrc/" not in source:
+    source = next((a for a in args if a.endswith(".cu")), "")
+    if "-c" not in args or "-o" not in args or "/csrc/" not in source:
         return subprocess.run([nvcc, *args]).returncode
+    out = args.index("-o")
+    flags = [a for a in args[:out] + args[out + 2 :] if a != "-c"]
     tree = source.partition("/csrc/")[0] + "/"
     listed = subprocess.run([nvcc, "-M", *flags], capture_output=True, text=True)
     if listed.returncode != 0 or ":" not in listed.stdout:
