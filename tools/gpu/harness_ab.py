@@ -131,7 +131,8 @@ def cached_nvcc(args: list[str]) -> int:
     if listed.returncode != 0 or ":" not in listed.stdout:
         return subprocess.run([nvcc, *args]).returncode
     files = listed.stdout.split(":", 1)[1].replace("\\\n", " ").split()
-    key = hashlib.sha256()
+    # The compiler too: another nvcc must not take this one's objects.
+    key = hashlib.sha256(Path(nvcc).resolve().as_posix().encode() + b"\0")
     for flag in flags:
         key.update(flag.replace(tree, "<tree>/").encode() + b"\0")
     for name, path in sorted((name.replace(tree, "<tree>/"), name) for name in files):
@@ -262,6 +263,9 @@ def run(
 
 
 def main() -> None:
+    # build.sh's $NVCC during `build`: its arguments are nvcc's, not ours to parse.
+    if sys.argv[1:2] == ["nvcc"]:
+        sys.exit(cached_nvcc(sys.argv[2:]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     prep = commands.add_parser("prepare", help="export revisions' trees and MLX's headers")
@@ -286,8 +290,6 @@ def main() -> None:
     bench.add_argument(
         "--trees", default="", help="comma-separated tree names, the columns' order (default: all)"
     )
-    if sys.argv[1:2] == ["nvcc"]:
-        sys.exit(cached_nvcc(sys.argv[2:]))
     args = parser.parse_args()
     if args.command == "prepare":
         prepare(args.revisions, args.keep)
