@@ -110,7 +110,8 @@ __device__ __forceinline__ bool needs_two_steps(GroupScale<encoding> scale) {
   if constexpr (!kMayNeedTwoSteps<encoding>) {
     return false;
   } else if constexpr (w_parts == 2) {
-    // Also a scale that is not finite, whose low parts two steps drop.
+    // Also a scale that is not finite: two steps move the halves of W past
+    // bfloat16's range into the low part (multiply_word).
     return fabsf(scaled_fixup<bits, encoding>(scale)) >=
                __uint_as_float(0x7F7F8000u) ||
            !isfinite(scale);
@@ -129,11 +130,9 @@ __device__ __forceinline__ bool needs_two_steps(GroupScale<encoding> scale) {
 struct Multipliers {
   uint32_t first;
   uint32_t second;
-  // W's low parts (kWParts): the last multiplier's low bfloat16 part, and
-  // the mask that keeps them (none where the high multiplier is not finite:
-  // inf less inf is NaN).
+  // W's low parts (kWParts): the last multiplier's low bfloat16 part (none
+  // of a high part that is not finite).
   uint32_t low = 0;
-  uint32_t keep_low = 0;
 };
 
 // The first multiplier of a group in one step, a pair of H.
@@ -168,16 +167,23 @@ two_step_multipliers(GroupScale<encoding> scale) {
   }
 }
 
-// Two float values as the mma's bfloat16 high and low parts (an infinite
-// value has no low part).
+// 0xFFFF in each half of a bfloat16 pair that is finite, 0 in the others.
+__device__ __forceinline__ uint32_t finite_halves(uint32_t pair) {
+  return __vcmpne2(pair & 0x7F807F80u, 0x7F807F80u);
+}
+
+// Two float values as the mma's bfloat16 high and low parts. A value whose
+// high part is not finite (infinite, NaN, past bfloat16's largest) goes
+// whole into the low part, its high part zero: the low part meets W's high
+// part only, so a zero part of W (the low part of an exact product) never
+// meets an infinity of x.
 __device__ __forceinline__ void split_pair(
     float a, float b, uint32_t (&parts)[2]) {
-  const Bf16Pair high = __floats2bfloat162_rn(a, b);
-  const float rest_a = __low2float(high);
-  const float rest_b = __high2float(high);
-  parts[0] = bits_of(high);
-  parts[1] = bits_of(__floats2bfloat162_rn(
-      a == rest_a ? 0.0f : a - rest_a, b == rest_b ? 0.0f : b - rest_b));
+  const uint32_t rounded = bits_of(__floats2bfloat162_rn(a, b));
+  parts[0] = rounded & finite_halves(rounded);
+  const Bf16Pair high = pair_from_bits<Bf16Pair>(parts[0]);
+  parts[1] = bits_of(
+      __floats2bfloat162_rn(a - __low2float(high), b - __high2float(high)));
 }
 
 // 16-bit x's values of codes p and p + 16 / bits of a word of codes (as
@@ -244,8 +250,7 @@ __device__ __forceinline__ Multipliers w_parts_multipliers(float scale) {
   return {
       two ? bits_of(__float2bfloat162_rn(fixup)) : bits_of(high),
       two ? bits_of(high) : kOne,
-      finite ? bits_of(__float2bfloat162_rn(value - __low2float(high))) : 0u,
-      finite ? ~0u : 0u};
+      finite ? bits_of(__float2bfloat162_rn(value - __low2float(high))) : 0u};
 }
 
 // The multipliers (pairs of H) of a group's code pairs for the `two`-step
@@ -270,7 +275,9 @@ multipliers_for(GroupScale<encoding> scale) {
 // order. With W in two parts, the low part is the exact product (the code,
 // or the code times the power of two of a first step, times the last
 // multiplier) less its rounding, plus the code times the multiplier's low
-// part; x's low part meets W's high part only.
+// part; x's low part meets W's high part only. As x's (split_pair), a
+// product past bfloat16's range (in two steps only) goes whole into W's
+// low part, which meets x's high part only.
 template <
     typename T,
     typename H,
@@ -316,11 +323,17 @@ __device__ __forceinline__ void multiply_word(
           const P pair = __hmul2(exact, last);
           a[0][2 * q + h] = bits_of(pair);
           if constexpr (w_parts == 2) {
-            const P low = __hfma2(
+            const uint32_t low = bits_of(__hfma2(
                 exact,
                 pair_from_bits<P>(m.low),
-                __hfma2(exact, last, __hneg2(pair)));
-            a[1][2 * q + h] = two ? bits_of(low) & m.keep_low : bits_of(low);
+                __hfma2(exact, last, __hneg2(pair))));
+            if constexpr (two) {
+              const uint32_t finite = finite_halves(a[0][2 * q + h]);
+              a[0][2 * q + h] &= finite;
+              a[1][2 * q + h] = (low & finite) | (bits_of(pair) & ~finite);
+            } else {
+              a[1][2 * q + h] = low;
+            }
           }
         }
       }

@@ -126,6 +126,10 @@ struct Case {
   enum class Indices { random, sorted, out_of_range } indices = Indices::random;
   bool global_scale = false;
   bool nonfinite = false;  // inf / NaN scales, NaN codes, zero x
+  // x @ W^T with positive x, +inf in every other row of x (in the first
+  // group), and, with float scales, a few later groups of +inf or 1e38
+  // scales over positive codes: y is +inf there, or a sum of infinities.
+  bool infinities = false;
   // E8M0 scales at the float16 windows' edges (HalfWindow) and float16
   // subnormals among x.
   bool window_edges = false;
@@ -289,6 +293,30 @@ HostProblem make_problem(const Case& c, std::mt19937& rng) {
     }
     for (int64_t i = 5; i < x_count * int64_t(c.M) * c.K; i += 13) {
       store_float(h.x, c.x_type, i, 0.0f);
+    }
+  }
+  if (c.infinities) {
+    std::uniform_real_distribution<float> positive(0.25f, 1.0f);
+    for (int64_t m = 0; m < c.M; ++m) {
+      for (int64_t k = 0; k < c.K; ++k) {
+        const bool infinite = m % 2 == 1 && k == m / 2 % c.group_size;
+        store_float(h.x, c.x_type, m * c.K + k, infinite ? INFINITY : positive(rng));
+      }
+    }
+    const int64_t groups_per_row = cols / c.group_size;
+    const bool float_scales =
+        mlx_fpqmm::format_for(c.mode).scales == mlx_fpqmm::ScaleKind::floating;
+    for (int64_t i = 0; float_scales && i < groups; ++i) {
+      if (i % groups_per_row == 0 || i % 37 != 5) {
+        continue;
+      }
+      const bool huge = i % 2 == 0 && c.scale_type != FloatType::float16;
+      store_float(h.scales, *c.scale_type, i, huge ? 1e38f : INFINITY);
+      // The group's codes positive and nonzero (never E4M3's NaN 0x7F).
+      const int64_t first = i / groups_per_row * cols + i % groups_per_row * c.group_size;
+      for (int64_t b = first * format.bits / 8; b < (first + c.group_size) * format.bits / 8; ++b) {
+        h.w[b] = format.bits == 4 ? (h.w[b] & 0x77) | 0x11 : (h.w[b] & 0x76) | 0x08;
+      }
     }
   }
   return h;
@@ -667,6 +695,18 @@ std::vector<Case> test_cases() {
       }
     }
   }
+  // Infinities of float32 x (every mode) and of W (float scales), through the
+  // decode kernels (one and two x blocks) and x split once (8 MiB of W).
+  for (const auto& m : kModes) {
+    for (auto [M, N, K] : {std::tuple{1, 256, 512}, {4, 256, 512}, {12, 256, 512},
+                           {3, 16384, 1024}}) {
+      Case c{name(m, "f32", true, M, N, K, " infinities"), m.mode, m.group_size,
+             FloatType::float32, m.scale_type, true, M, N, K};
+      c.global_scale = m.mode == Mode::nvfp4;
+      c.infinities = true;
+      cases.push_back(c);
+    }
+  }
   // float32 x of up to 8 rows times 8 MiB of W or more (the plan's x parts:
   // x split once into bfloat16 high and low parts), rows of W past the last
   // whole tile, K split (E4M3 at 2052 x 4096, E2M1 at 2052 x 8192) or not
@@ -919,10 +959,15 @@ std::vector<Case> test_cases() {
   const size_t planned = cases.size();
   for (size_t i = 0; i < planned; ++i) {
     if (cases[i].transpose && !cases[i].request) {
-      Case staged = cases[i];
-      staged.name += " staged";
-      staged.request = cu::KernelRequest::staged;
-      cases.push_back(staged);
+      // Not the infinities: qmv_staged multiplies a group's float sum by its
+      // scale, so a scale of 1e38 over codes whose products pass float's
+      // largest gives the finite sum where the reference's products overflow.
+      if (!cases[i].infinities) {
+        Case staged = cases[i];
+        staged.name += " staged";
+        staged.request = cu::KernelRequest::staged;
+        cases.push_back(staged);
+      }
       if (cases[i].x_type != FloatType::float32 || cases[i].nonfinite) {
         Case tiled = cases[i];
         tiled.name += " tiled";
