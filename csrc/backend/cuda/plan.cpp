@@ -1087,30 +1087,34 @@ KernelPlan plan(
     case KernelFamily::qmv:
     case KernelFamily::qmv_cluster: {
       const int pass = fc::qmv_pass_codes(format.bits);
-      plan_split_k(
-          p,
-          device,
-          blocks,
-          fc::qmv_split_resident(one_x_part(p), x_blocks),
-          pass,
-          fc::kQmvWarps * pass,
-          plan);
+      const std::string note = plan.note;
+      const auto split = [&](int resident) {
+        plan.note = note;
+        plan_split_k(
+            p, device, blocks, resident, pass, fc::kQmvWarps * pass, plan);
+      };
+      split(fc::qmv_split_resident(one_x_part(p), x_blocks));
       // x split into two parts (two tiles a warp) keeps a split smaller
       // than the cluster's in partial sums: measured faster on the H200
       // (docs/cuda-log.md), where the cluster's more splits cost more than the
       // partials' kernel.
       const bool cluster_pays =
           one_x_part(p) || plan.split_k >= fc::kClusterSplits;
-      if (device.major >= 9 && plan.split_k > 1 &&
-          plan.split_k <= kMaxClusterSplit) {
-        if (cluster_pays) {
-          split_in_cluster(p, pass, plan);
-        } else {
-          plan.note += "; partial sums, not a cluster's " +
-                       std::to_string(fc::kClusterSplits) +
-                       " splits (measured faster for " +
-                       std::string(type_name(p.x_type)) + " x)";
-        }
+      const bool cluster_fits = device.major >= 9 && plan.split_k > 1 &&
+                                plan.split_k <= kMaxClusterSplit;
+      if (cluster_fits && cluster_pays) {
+        split_in_cluster(p, pass, plan);
+      }
+      // fp_qmv's own blocks an SM, where they are fewer than the cluster's.
+      if (!plan.splits_in_cluster &&
+          fc::qmv_one_block_an_sm(itemsize(p.x_type), x_blocks, format.bits)) {
+        split(1);
+      }
+      if (cluster_fits && !cluster_pays && plan.split_k > 1) {
+        plan.note += "; partial sums, not a cluster's " +
+                     std::to_string(fc::kClusterSplits) +
+                     " splits (measured faster for " +
+                     std::string(type_name(p.x_type)) + " x)";
       }
       break;
     }

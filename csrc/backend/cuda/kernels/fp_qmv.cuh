@@ -765,7 +765,8 @@ __device__ __forceinline__ void fp_qmv_grid(const QmmArgs& args) {
 template <typename T, int bits, int encoding, int x_blocks>
 __global__ void __launch_bounds__(
     kQmvWarps* kWarpSize,
-    qmv_min_blocks(kOneXPart<T, bits, encoding>, x_blocks, bits))
+    qmv_plain_min_blocks(
+        kOneXPart<T, bits, encoding>, x_blocks, bits, sizeof(T)))
     fp_qmv(const QmmArgs args) {
   fp_qmv_grid<T, bits, encoding, x_blocks, false>(args);
 }

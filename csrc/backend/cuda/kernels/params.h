@@ -64,6 +64,19 @@ constexpr int qmv_min_blocks(bool one_x_part, int x_blocks, int bits) {
              ? 4
              : qmv_split_resident(one_x_part, x_blocks);
 }
+// fp_qmv (not fp_qmv_cluster) with float32 x in two x blocks of E2M1 codes:
+// one block an SM, with the registers it asks for (248 with float scales;
+// held to 128 for two they spilled up to 284 bytes). E4M3's two blocks spill
+// a tenth of that and lose more by running one.
+constexpr bool qmv_one_block_an_sm(int x_itemsize, int x_blocks, int bits) {
+  return x_itemsize == 4 && x_blocks == 2 && bits == 4;
+}
+constexpr int qmv_plain_min_blocks(
+    bool one_x_part, int x_blocks, int bits, int x_itemsize) {
+  return qmv_one_block_an_sm(x_itemsize, x_blocks, bits)
+             ? 1
+             : qmv_min_blocks(one_x_part, x_blocks, bits);
+}
 constexpr int qmv_pass_codes(int bits) {
   return 4 * 128 / bits;  // a quad of lanes, 16 bytes each
 }

@@ -229,6 +229,24 @@ int main() {
           auto_plan(big_f32, h200).main.kernel ==
               "fpqmm_qmv_e4m3_e8m0_float32_x16",
       "9 rows of float32 x, 4096 x 4096: split in each pass");
+  // fp_qmv of two x blocks of float32 x and E2M1 codes runs one block an SM:
+  // 4096 x 4096's 256 blocks fill the GPU unsplit, while 1024 x 4096 keeps
+  // the cluster's splits (fp_qmv_cluster's blocks as for 16-bit x) and E4M3
+  // codes their two blocks an SM (K split in three).
+  const auto e4m3_sixteen =
+      auto_plan(float32_problem(Mode::mxfp8, 16, 4096, 4096), h200);
+  const auto e2m1_sixteen =
+      auto_plan(float32_problem(Mode::mxfp4, 16, 4096, 4096), h200);
+  const auto e2m1_short =
+      auto_plan(float32_problem(Mode::mxfp4, 16, 1024, 4096), h200);
+  check(
+      e2m1_sixteen.main.kernel == "fpqmm_qmv_e2m1_e8m0_float32_x16" &&
+          e2m1_sixteen.split_k == 1 && e2m1_short.splits_in_cluster &&
+          e2m1_short.split_k == fpqmm::cuda::kClusterSplits &&
+          e4m3_sixteen.main.kernel == "fpqmm_qmv_e4m3_e8m0_float32_x16" &&
+          e4m3_sixteen.split_k == 3,
+      "16 rows of float32 x, E2M1: 4096 x 4096 unsplit, 1024 x 4096 in a "
+      "cluster; E4M3 split");
   check(
       !auto_plan(big_f32, a100).x_split &&
           auto_plan(big_f32, a100).key.x_type == FloatType::float32,
