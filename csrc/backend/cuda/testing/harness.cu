@@ -1215,17 +1215,22 @@ void bench(const std::string& only) {
   // Decode (M up to 16: every x type, the automatic plan) and prefill (the
   // simple path, fp_qmv tiled over M, and fp_qmm side by side); 4096 x 14336
   // (long rows, few of them) in decode only.
-  const std::vector<std::pair<int, int>> shapes = {
-      {14336, 4096}, {4096, 4096}, {1024, 4096}, {4096, 14336}};
+  struct BenchShape {
+    int N;
+    int K;
+    bool decode_only;
+  };
+  const std::vector<BenchShape> shapes = {
+      {14336, 4096, false}, {4096, 4096, false}, {1024, 4096, false}, {4096, 14336, true}};
   for (const auto& m : kModes) {
     const auto& format = mlx_fpqmm::format_for(m.mode);
     const ModeSpec spec = m.mode == Mode::fp4 ? ModeSpec{Mode::fp4, 32, FloatType::bfloat16, "fp4"}
         : m.mode == Mode::fp8 ? ModeSpec{Mode::fp8, 32, FloatType::bfloat16, "fp8"} : m;
-    for (auto [N, K] : shapes) {
+    for (auto [N, K, decode_only] : shapes) {
       for (int M : {1, 2, 4, 8, 16, 24, 32, 64, 128, 256, 512, 1024, 4096}) {
         for (const auto& [type, tname] : kTypes) {
           const bool decode = M <= 16;
-          if (!decode && (type == FloatType::float16 || K > N)) {
+          if (!decode && (type == FloatType::float16 || decode_only)) {
             continue;
           }
           QmmProblem p{};
