@@ -14,6 +14,10 @@ Here:    python3 tools/gpu/harness_ab.py build [NAME...] (optional) builds each
          PATH). A translation unit whose sources and flags an earlier tree
          compiled alike is copied from the object cache instead (`nvcc`
          below): trees that differ in a few files build those alone.
+Here:    python3 tools/gpu/harness_ab.py slim (optional, after build) leaves of
+         each built tree its harness alone (and drops MLX's headers once every
+         tree is built), so that the trees fit a call's carry beside MLX's
+         wheels (a tree's sources are twice its harness).
 Device:  python3 tools/gpu/harness_ab.py run --only "14336x4096 M=1 bf16" ...
          (carry .gpu/ab) builds every tree that has no prebuilt harness, in
          parallel, runs `harness --test` of each unless --no-test (each stopped
@@ -84,6 +88,23 @@ def prepare(revisions: list[str], keep: bool) -> None:
 
 def trees() -> list[Path]:
     return sorted(p for p in AB.iterdir() if (p / "csrc").is_dir())
+
+
+def slim() -> None:
+    """Each built tree down to its harness (and an empty csrc/, which marks a tree); MLX's
+    headers too once no tree needs building."""
+    for tree in trees():
+        if not (tree / "bin" / "harness.xz").is_file():
+            print(f"{tree.name}: not built, kept whole")
+            continue
+        for path in tree.iterdir():
+            if path.is_dir() and path.name != "bin":
+                shutil.rmtree(path)
+            elif not path.is_dir():
+                path.unlink()
+        (tree / "csrc").mkdir()
+    if all((tree / "bin" / "harness.xz").is_file() for tree in trees()):
+        shutil.rmtree(AB / "include", ignore_errors=True)
 
 
 def build(tree: Path) -> tuple[Path, int]:
@@ -273,6 +294,7 @@ def main() -> None:
     prep.add_argument("--keep", action="store_true", help="keep the trees already prepared")
     here = commands.add_parser("build", help="here: build each tree's harness into its bin/")
     here.add_argument("names", nargs="*", help="these trees, in this order (default: all)")
+    commands.add_parser("slim", help="here, after build: leave each built tree its harness")
     bench = commands.add_parser("run", help="on the GPU machine: build, test, bench")
     bench.add_argument("--only", action="append", required=True, help="a bench filter")
     bench.add_argument("--rounds", type=int, default=3)
@@ -293,6 +315,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "prepare":
         prepare(args.revisions, args.keep)
+    elif args.command == "slim":
+        slim()
     elif args.command == "build":
         for tree in [AB / name for name in args.names] or trees():
             start = time.monotonic()
