@@ -90,11 +90,16 @@ def trees() -> list[Path]:
     return sorted(p for p in AB.iterdir() if (p / "csrc").is_dir())
 
 
+def packed_harness(tree: Path) -> Path:
+    """Where `build` here leaves a tree's harness, compressed."""
+    return tree / "bin" / "harness.xz"
+
+
 def slim() -> None:
     """Each built tree down to its harness (and an empty csrc/, which marks a tree); MLX's
     headers too once no tree needs building."""
     for tree in trees():
-        if not (tree / "bin" / "harness.xz").is_file():
+        if not packed_harness(tree).is_file():
             print(f"{tree.name}: not built, kept whole")
             continue
         for path in tree.iterdir():
@@ -103,13 +108,13 @@ def slim() -> None:
             elif not path.is_dir():
                 path.unlink()
         (tree / "csrc").mkdir()
-    if all((tree / "bin" / "harness.xz").is_file() for tree in trees()):
+    if all(packed_harness(tree).is_file() for tree in trees()):
         shutil.rmtree(AB / "include", ignore_errors=True)
 
 
 def build(tree: Path) -> tuple[Path, int]:
     out = Path("/tmp/harness_ab") / tree.name
-    prebuilt = tree / "bin" / "harness.xz"
+    prebuilt = packed_harness(tree)
     if prebuilt.is_file():
         out.mkdir(parents=True, exist_ok=True)
         # Unpacked beside and renamed: a harness of an earlier, killed run may still be
@@ -320,12 +325,12 @@ def main() -> None:
     elif args.command == "build":
         for tree in [AB / name for name in args.names] or trees():
             start = time.monotonic()
-            (tree / "bin" / "harness.xz").unlink(missing_ok=True)
+            packed_harness(tree).unlink(missing_ok=True)
             binary, code = build(tree)
             if code == 0:
                 # Compressed, a harness is a fifteenth of its size: trees travel.
                 (tree / "bin").mkdir(exist_ok=True)
-                with open(tree / "bin" / "harness.xz", "wb") as packed:
+                with open(packed_harness(tree), "wb") as packed:
                     subprocess.run(["xz", "-T2", "-c", str(binary)], stdout=packed, check=True)
                 shutil.rmtree(binary.parent)
             print(f"build {tree.name}: {code} in {time.monotonic() - start:.0f} s", flush=True)
