@@ -32,7 +32,8 @@ inline constexpr int kSimpleXBlocks = 4;
 // serve two tiles: !one_x_part), and the kQmvWarps warps of a block take turns
 // over the passes and add up in shared memory. qmv_min_blocks blocks per
 // SM (fp_qmv: qmv_plain_min_blocks; the registers of a thread follow: 64 for
-// E2M1 codes with bfloat16 x). Rows of W must be whole 16-byte vectors (K * bits a multiple of 128).
+// E2M1 codes with bfloat16 x). Rows of W must be whole 16-byte vectors (K *
+// bits a multiple of 128).
 inline constexpr int kQmvWarps = 8;
 // float16 x with E8M0 scales, or E4M3 scales of E2M1 codes (the MLX
 // formats), multiplies in float16 codes (fp_decode.cuh's HalfWindow), x as
